@@ -1,0 +1,1 @@
+//! Online lifetime classifier: predicts short / mid / long lifetimes and learns from observed frees.

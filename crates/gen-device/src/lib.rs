@@ -1,0 +1,215 @@
+//! The device seam: everything genpool's tiers need from a GPU, behind one trait.
+//!
+//! Two implementations:
+//! - [`CudaDevice`](cuda::CudaDevice): the CUDA driver API through cudarc (dynamic loading, so the crate
+//!   builds and links on machines with no CUDA; constructing it there is a clear [`DeviceError::NoDriver`]).
+//! - [`SimDevice`](sim::SimDevice): a deterministic host-simulated GPU used by tests, CI and the default
+//!   main job.
+//!
+//! Addresses are plain `u64` device addresses ([`DevicePtr`]); streams are the raw `CUstream` handle as an
+//! integer ([`StreamId`], 0 = the legacy default stream), exactly what PyTorch's pluggable-allocator hook
+//! hands over. All methods take `&self`: a device is shared by every tier and thread (`Send + Sync`).
+//!
+//! Device memory is not Rust memory: releasing or unmapping device memory that a kernel still uses is a
+//! *device-side* hazard the callers (the tiers) prevent with stream ordering and events; it is never Rust
+//! UB, so these methods are safe functions that return errors.
+
+use std::fmt;
+
+/// A device virtual address.
+pub type DevicePtr = u64;
+/// A stream handle as an integer (`CUstream` cast to `u64`; 0 is the legacy default stream).
+pub type StreamId = u64;
+
+/// A physical memory allocation made for virtual-memory mapping (`CUmemGenericAllocationHandle`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PhysHandle(pub u64);
+
+/// A stream-ordered memory pool (`CUmemoryPool`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PoolHandle(pub u64);
+
+/// An event (`CUevent`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EventHandle(pub u64);
+
+/// Static facts about a device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceProps {
+    /// Device ordinal (index).
+    pub ordinal: usize,
+    /// Human-readable name, e.g. "NVIDIA H200" or "SimDevice".
+    pub name: String,
+    /// Total device memory in bytes.
+    pub total_mem: u64,
+    /// Granularity of physical allocations and mappings for the VMM path (2 MiB on current GPUs).
+    pub vmm_granularity: u64,
+    /// Whether the VMM calls (`va_reserve`, `phys_create`, `map`, `unmap`) are available.
+    pub supports_vmm: bool,
+    /// Whether stream-ordered memory pools are available.
+    pub supports_pools: bool,
+}
+
+/// Usage figures of a stream-ordered pool, as the driver reports them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolUsage {
+    /// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`.
+    pub reserved_current: u64,
+    /// `CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH`.
+    pub reserved_high: u64,
+    /// `CU_MEMPOOL_ATTR_USED_MEM_CURRENT`.
+    pub used_current: u64,
+    /// `CU_MEMPOOL_ATTR_USED_MEM_HIGH`.
+    pub used_high: u64,
+}
+
+/// Bytes held from the driver, now and at peak (see [`Device::reserved`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Reserved {
+    /// Bytes held now.
+    pub current: u64,
+    /// Highest value of `current` since the device was opened.
+    pub peak: u64,
+}
+
+/// Everything that can go wrong at the device seam. Every variant names the call that failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeviceError {
+    /// The device (or the simulated device's capacity) cannot satisfy the request right now.
+    #[error("{call}: out of device memory ({requested} bytes requested)")]
+    OutOfMemory {
+        /// The call that failed.
+        call: &'static str,
+        /// Bytes requested by that call.
+        requested: u64,
+    },
+    /// The driver returned an error.
+    #[error("{call}: CUDA driver error {code} ({message})")]
+    Driver {
+        /// The call that failed.
+        call: &'static str,
+        /// The `CUresult` code.
+        code: i32,
+        /// The driver's name/description of the code.
+        message: String,
+    },
+    /// No CUDA driver could be loaded, or no device is present.
+    #[error("no CUDA driver or device: {0}")]
+    NoDriver(String),
+    /// A device ordinal that does not exist.
+    #[error("invalid device {ordinal}: {count} device(s) present")]
+    InvalidDevice {
+        /// The ordinal asked for.
+        ordinal: usize,
+        /// How many devices exist.
+        count: usize,
+    },
+    /// The device does not support this operation (e.g. VMM or memory pools).
+    #[error("{0}: not supported by this device")]
+    Unsupported(&'static str),
+    /// An argument the device rejects (unaligned size, unknown handle, unmapped address ...).
+    #[error("{call}: invalid argument: {detail}")]
+    InvalidArgument {
+        /// The call that failed.
+        call: &'static str,
+        /// What was wrong.
+        detail: String,
+    },
+}
+
+impl DeviceError {
+    /// True for the out-of-memory case, which callers answer by releasing caches and retrying.
+    pub fn is_oom(&self) -> bool {
+        matches!(self, DeviceError::OutOfMemory { .. })
+    }
+}
+
+/// Result alias for device calls.
+pub type Result<T, E = DeviceError> = std::result::Result<T, E>;
+
+/// The device seam. Object safe: the tiers hold an `Arc<dyn Device>`.
+///
+/// Sizes passed to the VMM calls must be multiples of [`DeviceProps::vmm_granularity`]; VA and mapping
+/// offsets must be aligned to it.
+pub trait Device: Send + Sync + fmt::Debug {
+    /// Static facts about this device.
+    fn props(&self) -> &DeviceProps;
+
+    /// Bytes this process holds from the driver through this `Device` (plain allocations, physical
+    /// handles, and what its pools hold), now and at peak. The replay's "peak reserved" never reports less.
+    fn reserved(&self) -> Reserved;
+
+    /// `(free, total)` device memory in bytes (`cuMemGetInfo`).
+    fn mem_info(&self) -> Result<(u64, u64)>;
+
+    // ---- plain allocation (cuMemAlloc / cuMemFree) ----
+
+    /// Allocate `bytes` of device memory (`cuMemAlloc`), 256-byte aligned or better.
+    fn mem_alloc(&self, bytes: u64) -> Result<DevicePtr>;
+    /// Release memory from [`Device::mem_alloc`] (`cuMemFree`).
+    fn mem_free(&self, ptr: DevicePtr) -> Result<()>;
+
+    // ---- virtual memory management ----
+
+    /// Reserve `bytes` of virtual address space (`cuMemAddressReserve`), aligned to `align` (0 = default).
+    fn va_reserve(&self, bytes: u64, align: u64) -> Result<DevicePtr>;
+    /// Release a reservation made by [`Device::va_reserve`] (`cuMemAddressFree`). Must be fully unmapped.
+    fn va_release(&self, ptr: DevicePtr, bytes: u64) -> Result<()>;
+    /// Create `bytes` of physical memory (`cuMemCreate`, pinned device memory on this device).
+    fn phys_create(&self, bytes: u64) -> Result<PhysHandle>;
+    /// Release physical memory (`cuMemRelease`). Must not be mapped anywhere.
+    fn phys_release(&self, handle: PhysHandle) -> Result<()>;
+    /// Map the whole of `handle` (of `bytes`) at `va` and make it readable and writable by this device
+    /// (`cuMemMap` + `cuMemSetAccess`).
+    fn map(&self, va: DevicePtr, bytes: u64, handle: PhysHandle) -> Result<()>;
+    /// Unmap `[va, va + bytes)` (`cuMemUnmap`). The physical memory stays alive until released.
+    fn unmap(&self, va: DevicePtr, bytes: u64) -> Result<()>;
+
+    // ---- stream-ordered pools ----
+
+    /// Create a private stream-ordered pool on this device (`cuMemPoolCreate`) with the given release
+    /// threshold (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`; `u64::MAX` keeps everything cached).
+    fn pool_create(&self, release_threshold: u64) -> Result<PoolHandle>;
+    /// Destroy a pool (`cuMemPoolDestroy`).
+    fn pool_destroy(&self, pool: PoolHandle) -> Result<()>;
+    /// Stream-ordered allocation from `pool` on `stream` (`cuMemAllocFromPoolAsync`).
+    fn pool_alloc_async(&self, pool: PoolHandle, bytes: u64, stream: StreamId) -> Result<DevicePtr>;
+    /// Stream-ordered free on `stream` (`cuMemFreeAsync`).
+    fn pool_free_async(&self, ptr: DevicePtr, stream: StreamId) -> Result<()>;
+    /// Release unused pool memory down to `keep` bytes (`cuMemPoolTrimTo`).
+    fn pool_trim(&self, pool: PoolHandle, keep: u64) -> Result<()>;
+    /// Reserved/used current and high-water marks of `pool`.
+    fn pool_usage(&self, pool: PoolHandle) -> Result<PoolUsage>;
+
+    // ---- streams and events ----
+
+    /// Create a non-blocking stream.
+    fn stream_create(&self) -> Result<StreamId>;
+    /// Destroy a stream made by [`Device::stream_create`].
+    fn stream_destroy(&self, stream: StreamId) -> Result<()>;
+    /// Block until all work queued on `stream` is done.
+    fn stream_synchronize(&self, stream: StreamId) -> Result<()>;
+    /// Create an event (timing disabled).
+    fn event_create(&self) -> Result<EventHandle>;
+    /// Destroy an event.
+    fn event_destroy(&self, event: EventHandle) -> Result<()>;
+    /// Record `event` on `stream` (`cuEventRecord`).
+    fn event_record(&self, event: EventHandle, stream: StreamId) -> Result<()>;
+    /// True when all work captured by the last record of `event` has completed (`cuEventQuery`).
+    fn event_query(&self, event: EventHandle) -> Result<bool>;
+    /// Block the host until `event` has completed.
+    fn event_synchronize(&self, event: EventHandle) -> Result<()>;
+    /// Make future work on `stream` wait for `event` (`cuStreamWaitEvent`).
+    fn stream_wait_event(&self, stream: StreamId, event: EventHandle) -> Result<()>;
+    /// Block until all work on the device is done (`cuCtxSynchronize`).
+    fn synchronize(&self) -> Result<()>;
+
+    // ---- data movement (tests, pattern checks, the replay's touch mode) ----
+
+    /// Copy host bytes to device memory (synchronous).
+    fn write(&self, dst: DevicePtr, data: &[u8]) -> Result<()>;
+    /// Copy device memory to host bytes (synchronous).
+    fn read(&self, src: DevicePtr, out: &mut [u8]) -> Result<()>;
+    /// Fill `[dst, dst + len)` with `byte`, stream-ordered on `stream`.
+    fn memset_async(&self, dst: DevicePtr, byte: u8, len: u64, stream: StreamId) -> Result<()>;
+}

@@ -1,0 +1,1 @@
+//! Short-lived tier: size classes over device chunks with lock-free free lists.

@@ -1,0 +1,1 @@
+//! Mid-lived tier: stream-ordered allocation from a private cudaMemPool, with a front cache.

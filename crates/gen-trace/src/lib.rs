@@ -1,0 +1,1 @@
+//! Allocation trace formats (CSV, PyTorch snapshot pickles, RMM logs), replay and metrics.

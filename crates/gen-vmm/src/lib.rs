@@ -1,0 +1,1 @@
+//! Page-granular mapped address ranges over a shared cache of physical device pages.

@@ -1,0 +1,1 @@
+//! genpool as a PyTorch pluggable allocator.

@@ -1,0 +1,1 @@
+//! genpool engine: lifetime-classified routing to slab, stream-ordered pool and buddy tiers.
