@@ -1,1 +1,634 @@
 //! Page-granular mapped address ranges over a shared cache of physical device pages.
+//!
+//! Every genpool tier lays its blocks out in a [`Region`]: a range of device *virtual* addresses reserved
+//! once (`cuMemAddressReserve`; VA costs nothing). Physical memory is mapped under a region one page (the
+//! driver's VMM granularity, 2 MiB) at a time, and only where a live block touches it: [`Region::commit`]
+//! adds one reference to each page a block overlaps, [`Region::decommit`] drops it. Two blocks that abut
+//! share their boundary page, so a tier that packs blocks tightly holds `live bytes + a few partial pages`
+//! of physical memory, however its *address* space is fragmented.
+//!
+//! All regions of a device draw pages from one [`PagePool`], which never creates a physical page while an
+//! existing one is unused:
+//!
+//! 1. a page whose references drop to zero stays mapped where it is ("free-mapped") — if the same address
+//!    is committed again (the next training iteration lays its blocks out the same way) it is revived with
+//!    no driver call at all;
+//! 2. a commit that needs a page where none is mapped takes, in order: an unmapped cached handle, a
+//!    free-mapped page *stolen* from another address (one `synchronize`, `cuMemUnmap`, `cuMemMap`), and only
+//!    then a new physical page from the driver (`cuMemCreate`).
+//!
+//! Hence the physical memory held is exactly the peak number of pages ever touched at one moment by live
+//! blocks — the quantity the tiers minimise by packing — and the steady state costs no driver calls.
+//! Callers that cache freed blocks (and so keep their pages referenced) commit with `grow = false` first:
+//! [`VmmError::WouldGrow`] tells them to give their caches back before the pool grows.
+//!
+//! Stealing unmaps memory another stream may still be using for a block freed moments ago, so a steal first
+//! synchronizes the device once per commit (rare: only when the layout changes under memory pressure).
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::Arc;
+
+use gen_device::{Device, DeviceError, DevicePtr, PhysHandle};
+use parking_lot::Mutex;
+
+/// Errors of the page layer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VmmError {
+    /// The commit needs new physical pages and the caller asked not to grow (`grow == false`).
+    #[error("commit would create {pages} new physical page(s)")]
+    WouldGrow {
+        /// Pages that would have to be created.
+        pages: u64,
+    },
+    /// The pool's limit or the device cannot provide the pages.
+    #[error("out of device memory: {requested} bytes of new pages needed, {reserved} reserved, limit {limit:?}")]
+    OutOfMemory {
+        /// Bytes of new physical pages the commit needed.
+        requested: u64,
+        /// Bytes the pool held when it failed.
+        reserved: u64,
+        /// The pool's configured limit, if any.
+        limit: Option<u64>,
+    },
+    /// A device call failed.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    /// An offset/length outside the region, or zero length.
+    #[error("range [{offset:#x}, +{len:#x}) is not inside region '{region}' of {region_len:#x} bytes")]
+    InvalidRange {
+        /// Region name.
+        region: &'static str,
+        /// Offset asked for.
+        offset: u64,
+        /// Length asked for.
+        len: u64,
+        /// The region's length.
+        region_len: u64,
+    },
+    /// The device has no virtual-memory management.
+    #[error("device does not support virtual memory management")]
+    Unsupported,
+}
+
+/// Configuration of a [`PagePool`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PagePoolConfig {
+    /// Most bytes of physical pages the pool may hold (`None` = as much as the device gives).
+    pub limit: Option<u64>,
+    /// Unmap a page as soon as its last reference goes (keeping the handle cached) instead of leaving it
+    /// mapped for a cheap revival. Slower; makes use-after-free of device memory fault (tests, debugging).
+    pub eager_unmap: bool,
+}
+
+/// Counters of a [`PagePool`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PagePoolStats {
+    /// Page size in bytes.
+    pub page_size: u64,
+    /// Physical pages held now (mapped or cached).
+    pub pages_held: u64,
+    /// Highest `pages_held` so far.
+    pub pages_peak: u64,
+    /// Pages mapped with at least one reference.
+    pub pages_in_use: u64,
+    /// Pages mapped with no reference (revivable in place, or stealable).
+    pub pages_free_mapped: u64,
+    /// Unmapped physical handles kept for reuse.
+    pub pages_free_unmapped: u64,
+    /// `cuMemCreate` calls made.
+    pub creates: u64,
+    /// `cuMemMap` calls made.
+    pub maps: u64,
+    /// `cuMemUnmap` calls made.
+    pub unmaps: u64,
+    /// Pages moved from one address to another.
+    pub steals: u64,
+    /// Pages revived in place with no driver call.
+    pub revivals: u64,
+    /// Pages given back to the driver.
+    pub releases: u64,
+}
+
+impl PagePoolStats {
+    /// Bytes of physical memory held now.
+    pub fn bytes_held(&self) -> u64 {
+        self.pages_held * self.page_size
+    }
+    /// Highest bytes of physical memory held at one moment.
+    pub fn bytes_peak(&self) -> u64 {
+        self.pages_peak * self.page_size
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Page {
+    refs: u32,
+    /// Incremented whenever the page leaves the free-mapped state, invalidating queue entries.
+    stamp: u32,
+    handle: Option<PhysHandle>,
+}
+
+struct RegionPages {
+    name: &'static str,
+    base: DevicePtr,
+    pages: Vec<Page>,
+}
+
+struct Inner {
+    regions: Vec<Option<RegionPages>>,
+    /// Free-mapped pages, oldest first: (region id, page index, stamp when freed).
+    free_mapped: VecDeque<(u32, u32, u32)>,
+    free_mapped_count: u64,
+    free_handles: Vec<PhysHandle>,
+    stats: PagePoolStats,
+}
+
+/// One device's cache of physical pages, shared by every [`Region`] on it. See the crate docs.
+pub struct PagePool {
+    device: Arc<dyn Device>,
+    page: u64,
+    cfg: PagePoolConfig,
+    inner: Mutex<Inner>,
+}
+
+impl fmt::Debug for PagePool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PagePool").field("page", &self.page).field("stats", &self.stats()).finish()
+    }
+}
+
+impl PagePool {
+    /// A pool on `device`. Fails with [`VmmError::Unsupported`] when the device has no VMM.
+    pub fn new(device: Arc<dyn Device>, cfg: PagePoolConfig) -> Result<Arc<Self>, VmmError> {
+        let props = device.props();
+        if !props.supports_vmm || props.vmm_granularity == 0 {
+            return Err(VmmError::Unsupported);
+        }
+        let page = props.vmm_granularity;
+        Ok(Arc::new(PagePool {
+            device,
+            page,
+            cfg,
+            inner: Mutex::new(Inner {
+                regions: Vec::new(),
+                free_mapped: VecDeque::new(),
+                free_mapped_count: 0,
+                free_handles: Vec::new(),
+                stats: PagePoolStats { page_size: page, ..Default::default() },
+            }),
+        }))
+    }
+
+    /// The page size (the device's VMM granularity).
+    pub fn page_size(&self) -> u64 {
+        self.page
+    }
+
+    /// The device the pages come from.
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.device
+    }
+
+    /// The pool's configuration.
+    pub fn config(&self) -> &PagePoolConfig {
+        &self.cfg
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> PagePoolStats {
+        let g = self.inner.lock();
+        let mut s = g.stats;
+        s.pages_free_mapped = g.free_mapped_count;
+        s.pages_free_unmapped = g.free_handles.len() as u64;
+        s
+    }
+
+    /// Give every unused page (free-mapped or cached) back to the driver. Synchronizes the device first
+    /// (a free-mapped page may still be in use by work queued before its block was freed). Returns bytes.
+    pub fn release_unused(&self) -> Result<u64, VmmError> {
+        let mut g = self.inner.lock();
+        if g.free_mapped_count == 0 && g.free_handles.is_empty() {
+            return Ok(0);
+        }
+        if g.free_mapped_count > 0 {
+            self.device.synchronize()?;
+        }
+        let mut released = 0u64;
+        while let Some((rid, pidx)) = pop_free_mapped(&mut g) {
+            let handle = self.unmap_page(&mut g, rid, pidx)?;
+            g.free_handles.push(handle);
+        }
+        while let Some(h) = g.free_handles.pop() {
+            if let Err(e) = self.device.phys_release(h) {
+                g.free_handles.push(h);
+                return Err(e.into());
+            }
+            g.stats.pages_held -= 1;
+            g.stats.releases += 1;
+            released += self.page;
+        }
+        Ok(released)
+    }
+
+    fn register(&self, name: &'static str, base: DevicePtr, len: u64) -> u32 {
+        let mut g = self.inner.lock();
+        let rp = RegionPages { name, base, pages: vec![Page::default(); (len / self.page) as usize] };
+        if let Some(i) = g.regions.iter().position(Option::is_none) {
+            g.regions[i] = Some(rp);
+            i as u32
+        } else {
+            g.regions.push(Some(rp));
+            (g.regions.len() - 1) as u32
+        }
+    }
+
+    /// Unmap one free-mapped page (refs == 0) and return its handle. The page is left unbacked.
+    fn unmap_page(&self, g: &mut Inner, rid: u32, pidx: u32) -> Result<PhysHandle, VmmError> {
+        let r = g.regions[rid as usize].as_mut().expect("registered region");
+        let va = r.base + pidx as u64 * self.page;
+        let p = &mut r.pages[pidx as usize];
+        debug_assert_eq!(p.refs, 0);
+        let handle = p.handle.expect("free-mapped page has a handle");
+        self.device.unmap(va, self.page)?;
+        p.handle = None;
+        p.stamp = p.stamp.wrapping_add(1);
+        g.stats.unmaps += 1;
+        Ok(handle)
+    }
+
+    fn commit(&self, rid: u32, first: u64, last: u64, grow: bool) -> Result<(), VmmError> {
+        let mut g = self.inner.lock();
+        // Plan: pages that need a physical page mapped under them.
+        let need = {
+            let r = g.regions[rid as usize].as_ref().expect("registered region");
+            r.pages[first as usize..=last as usize].iter().filter(|p| p.handle.is_none()).count() as u64
+        };
+        let own_free_mapped = {
+            let r = g.regions[rid as usize].as_ref().expect("registered region");
+            r.pages[first as usize..=last as usize]
+                .iter()
+                .filter(|p| p.refs == 0 && p.handle.is_some())
+                .count() as u64
+        };
+        let spare = g.free_handles.len() as u64 + (g.free_mapped_count - own_free_mapped);
+        let to_create = need.saturating_sub(spare);
+        if to_create > 0 {
+            if !grow {
+                return Err(VmmError::WouldGrow { pages: to_create });
+            }
+            let held = g.stats.pages_held * self.page;
+            if let Some(limit) = self.cfg.limit {
+                if held + to_create * self.page > limit {
+                    return Err(VmmError::OutOfMemory {
+                        requested: to_create * self.page,
+                        reserved: held,
+                        limit: Some(limit),
+                    });
+                }
+            }
+        }
+        // Steals unmap pages whose last block may have been freed with work still queued: sync once.
+        let steals = need.min(spare).saturating_sub(g.free_handles.len() as u64);
+        if steals > 0 {
+            self.device.synchronize()?;
+        }
+        // Pass 1: pages already backed (in use, or free-mapped right here) take a reference with no
+        // driver call. Doing these first keeps pass 2 from stealing a page this very range will revive.
+        let mut unbacked = Vec::new();
+        {
+            let Inner { regions, free_mapped_count, stats, .. } = &mut *g;
+            let r = regions[rid as usize].as_mut().expect("registered region");
+            for pidx in first..=last {
+                let p = &mut r.pages[pidx as usize];
+                if p.refs > 0 {
+                    p.refs += 1;
+                } else if p.handle.is_some() {
+                    p.refs = 1;
+                    p.stamp = p.stamp.wrapping_add(1);
+                    *free_mapped_count -= 1;
+                    stats.revivals += 1;
+                    stats.pages_in_use += 1;
+                } else {
+                    unbacked.push(pidx as u32);
+                }
+            }
+        }
+        // Pass 2: back the rest.
+        for (i, &pidx) in unbacked.iter().enumerate() {
+            if let Err(e) = self.back_page(&mut g, rid, pidx) {
+                // Roll back: every page of the range holds one reference from us, except unbacked[i..].
+                for q in first..=last {
+                    let q32 = q as u32;
+                    if !unbacked[i..].contains(&q32) {
+                        self.decommit_locked(&mut g, rid, q, q);
+                    }
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Map a physical page under the unbacked page `pidx` of region `rid` and give it one reference.
+    fn back_page(&self, g: &mut Inner, rid: u32, pidx: u32) -> Result<(), VmmError> {
+        let page = {
+            let r = g.regions[rid as usize].as_ref().expect("registered region");
+            debug_assert!(r.pages[pidx as usize].handle.is_none());
+            r.base + pidx as u64 * self.page
+        };
+        let handle = if let Some(h) = g.free_handles.pop() {
+            h
+        } else if let Some((orid, opidx)) = pop_free_mapped_excluding(g, rid, pidx) {
+            match self.unmap_page(g, orid, opidx) {
+                Ok(h) => {
+                    g.stats.steals += 1;
+                    h
+                }
+                Err(e) => {
+                    // Still mapped and unused: put it back where it was.
+                    let stamp = g.regions[orid as usize].as_ref().expect("registered").pages
+                        [opidx as usize]
+                        .stamp;
+                    g.free_mapped.push_front((orid, opidx, stamp));
+                    g.free_mapped_count += 1;
+                    return Err(e);
+                }
+            }
+        } else {
+            match self.device.phys_create(self.page) {
+                Ok(h) => {
+                    g.stats.creates += 1;
+                    g.stats.pages_held += 1;
+                    g.stats.pages_peak = g.stats.pages_peak.max(g.stats.pages_held);
+                    h
+                }
+                Err(e) if e.is_oom() => {
+                    return Err(VmmError::OutOfMemory {
+                        requested: self.page,
+                        reserved: g.stats.pages_held * self.page,
+                        limit: self.cfg.limit,
+                    })
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        if let Err(e) = self.device.map(page, self.page, handle) {
+            // Keep the handle cached rather than losing it.
+            g.free_handles.push(handle);
+            return Err(e.into());
+        }
+        g.stats.maps += 1;
+        g.stats.pages_in_use += 1;
+        let r = g.regions[rid as usize].as_mut().expect("registered region");
+        let p = &mut r.pages[pidx as usize];
+        p.refs = 1;
+        p.handle = Some(handle);
+        Ok(())
+    }
+
+    fn decommit_locked(&self, g: &mut Inner, rid: u32, first: u64, last: u64) {
+        for pidx in first..=last {
+            let r = g.regions[rid as usize].as_mut().expect("registered region");
+            let p = &mut r.pages[pidx as usize];
+            if p.refs == 0 {
+                debug_assert!(false, "decommit of an uncommitted page in region '{}'", r.name);
+                log::error!("gen-vmm: decommit of an uncommitted page {pidx} in region '{}'", r.name);
+                continue;
+            }
+            p.refs -= 1;
+            if p.refs == 0 {
+                g.stats.pages_in_use -= 1;
+                let stamp = p.stamp;
+                g.free_mapped.push_back((rid, pidx as u32, stamp));
+                g.free_mapped_count += 1;
+                if self.cfg.eager_unmap {
+                    // Unmapping needs the page's earlier users to be done.
+                    let res = self.device.synchronize().map_err(VmmError::from).and_then(|_| {
+                        g.free_mapped_count -= 1;
+                        self.unmap_page(g, rid, pidx as u32)
+                    });
+                    match res {
+                        Ok(h) => g.free_handles.push(h),
+                        Err(e) => log::error!("gen-vmm: eager unmap failed: {e}"),
+                    }
+                }
+            }
+        }
+    }
+
+    fn unregister(&self, rid: u32) -> Result<(), VmmError> {
+        let mut g = self.inner.lock();
+        let (base, n) = {
+            let r = g.regions[rid as usize].as_ref().expect("registered region");
+            (r.base, r.pages.len())
+        };
+        let mut first_err = None;
+        let mut synced = false;
+        for pidx in 0..n {
+            let r = g.regions[rid as usize].as_mut().expect("registered region");
+            let p = r.pages[pidx];
+            if p.handle.is_none() {
+                continue;
+            }
+            if p.refs > 0 {
+                log::error!("gen-vmm: region '{}' dropped with page {pidx} still referenced", r.name);
+            } else {
+                g.free_mapped_count -= 1;
+            }
+            if !synced {
+                synced = true;
+                if let Err(e) = self.device.synchronize() {
+                    first_err.get_or_insert(VmmError::from(e));
+                }
+            }
+            let r = g.regions[rid as usize].as_mut().expect("registered region");
+            r.pages[pidx].handle = None;
+            r.pages[pidx].refs = 0;
+            match self.device.unmap(base + pidx as u64 * self.page, self.page) {
+                Ok(()) => {
+                    g.stats.unmaps += 1;
+                    g.free_handles.push(p.handle.expect("checked above"));
+                }
+                Err(e) => {
+                    first_err.get_or_insert(VmmError::from(e));
+                }
+            }
+            if p.refs > 0 {
+                g.stats.pages_in_use -= 1;
+            }
+        }
+        g.regions[rid as usize] = None;
+        g.free_mapped.retain(|&(r, _, _)| r != rid);
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for PagePool {
+    fn drop(&mut self) {
+        let g = self.inner.get_mut();
+        for h in g.free_handles.drain(..) {
+            if let Err(e) = self.device.phys_release(h) {
+                log::error!("gen-vmm: releasing a page at drop failed: {e}");
+            }
+        }
+    }
+}
+
+/// Pop the oldest valid free-mapped page.
+fn pop_free_mapped(g: &mut Inner) -> Option<(u32, u32)> {
+    while let Some((rid, pidx, stamp)) = g.free_mapped.pop_front() {
+        if is_valid_free(g, rid, pidx, stamp) {
+            g.free_mapped_count -= 1;
+            return Some((rid, pidx));
+        }
+    }
+    None
+}
+
+/// Pop the oldest valid free-mapped page that is not `(rid, pidx)` itself.
+fn pop_free_mapped_excluding(g: &mut Inner, rid: u32, pidx: u32) -> Option<(u32, u32)> {
+    let (orid, opidx) = pop_free_mapped(g)?;
+    debug_assert!(!(orid == rid && opidx == pidx), "an unbacked page is never free-mapped");
+    Some((orid, opidx))
+}
+
+fn is_valid_free(g: &Inner, rid: u32, pidx: u32, stamp: u32) -> bool {
+    match g.regions.get(rid as usize) {
+        Some(Some(r)) => {
+            let p = &r.pages[pidx as usize];
+            p.refs == 0 && p.handle.is_some() && p.stamp == stamp
+        }
+        _ => false,
+    }
+}
+
+/// A reserved range of device virtual addresses whose pages are mapped on demand from a [`PagePool`].
+pub struct Region {
+    pool: Arc<PagePool>,
+    id: u32,
+    name: &'static str,
+    base: DevicePtr,
+    len: u64,
+}
+
+impl fmt::Debug for Region {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Region")
+            .field("name", &self.name)
+            .field("base", &format_args!("{:#x}", self.base))
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl Region {
+    /// Reserve `len` bytes of VA (rounded up to whole pages) on the pool's device.
+    pub fn new(pool: &Arc<PagePool>, len: u64, name: &'static str) -> Result<Self, VmmError> {
+        let page = pool.page;
+        if len == 0 {
+            return Err(VmmError::InvalidRange { region: name, offset: 0, len: 0, region_len: 0 });
+        }
+        let len = len.div_ceil(page).checked_mul(page).ok_or(VmmError::InvalidRange {
+            region: name,
+            offset: 0,
+            len,
+            region_len: 0,
+        })?;
+        let base = pool.device.va_reserve(len, page)?;
+        let id = pool.register(name, base, len);
+        Ok(Region { pool: pool.clone(), id, name, base, len })
+    }
+
+    /// First address of the region.
+    pub fn base(&self) -> DevicePtr {
+        self.base
+    }
+
+    /// Length in bytes (a whole number of pages).
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Always false: a region has at least one page.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The region's name (for errors and stats).
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The pool this region draws pages from.
+    pub fn pool(&self) -> &Arc<PagePool> {
+        &self.pool
+    }
+
+    /// Whether `ptr` lies inside the region.
+    #[inline]
+    pub fn contains(&self, ptr: DevicePtr) -> bool {
+        ptr.wrapping_sub(self.base) < self.len
+    }
+
+    fn page_range(&self, offset: u64, len: u64) -> Result<(u64, u64), VmmError> {
+        let end = offset.checked_add(len);
+        match end {
+            Some(end) if len > 0 && end <= self.len => {
+                Ok((offset / self.pool.page, (end - 1) / self.pool.page))
+            }
+            _ => Err(VmmError::InvalidRange { region: self.name, offset, len, region_len: self.len }),
+        }
+    }
+
+    /// Back every page overlapping `[offset, offset + len)` with physical memory: one more reference on
+    /// each. With `grow == false` fails with [`VmmError::WouldGrow`] rather than create physical pages. On
+    /// any error nothing has changed.
+    pub fn commit(&self, offset: u64, len: u64, grow: bool) -> Result<(), VmmError> {
+        let (first, last) = self.page_range(offset, len)?;
+        self.pool.commit(self.id, first, last, grow)
+    }
+
+    /// Drop one reference from each page overlapping `[offset, offset + len)`; pages left with none become
+    /// reusable (revived in place, stolen, or released by [`PagePool::release_unused`]). No driver call.
+    pub fn decommit(&self, offset: u64, len: u64) {
+        match self.page_range(offset, len) {
+            Ok((first, last)) => {
+                let mut g = self.pool.inner.lock();
+                self.pool.decommit_locked(&mut g, self.id, first, last);
+            }
+            Err(e) => {
+                debug_assert!(false, "{e}");
+                log::error!("gen-vmm: decommit: {e}");
+            }
+        }
+    }
+
+    /// Bytes of pages of this region with at least one reference.
+    pub fn committed_bytes(&self) -> u64 {
+        let g = self.pool.inner.lock();
+        let r = g.regions[self.id as usize].as_ref().expect("registered region");
+        r.pages.iter().filter(|p| p.refs > 0).count() as u64 * self.pool.page
+    }
+
+    /// References held on the page containing `offset` (tests and invariant checks).
+    pub fn page_refs(&self, offset: u64) -> u32 {
+        let g = self.pool.inner.lock();
+        let r = g.regions[self.id as usize].as_ref().expect("registered region");
+        r.pages.get((offset / self.pool.page) as usize).map_or(0, |p| p.refs)
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        if let Err(e) = self.pool.unregister(self.id) {
+            log::error!("gen-vmm: dropping region '{}': {e}", self.name);
+        }
+        if let Err(e) = self.pool.device.va_release(self.base, self.len) {
+            log::error!("gen-vmm: releasing the VA of region '{}': {e}", self.name);
+        }
+    }
+}
