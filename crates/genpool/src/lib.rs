@@ -1,1 +1,32 @@
-//! genpool engine: lifetime-classified routing to slab, stream-ordered pool and buddy tiers.
+//! genpool: a generational GPU memory pool.
+//!
+//! Each allocation's lifetime is predicted ([`gen_classifier`]) and the block is served by the tier
+//! built for that generation:
+//!
+//! | generation | size | tier |
+//! |---|---|---|
+//! | short | ≤ `slab_max_size` | [`gen_slab`]: size classes over 2 MiB chunks, lock-free free lists |
+//! | short (and mid, by default) | larger | [`gen_extent`]: best-fit coalescing over page-mapped VA |
+//! | mid (`mid_tier:stream`) | any | [`gen_stream`]: a private stream-ordered driver pool |
+//! | long | any | [`gen_buddy`]: exact-fit buddy over page-mapped VA |
+//!
+//! All page-mapped tiers draw physical memory from one [`gen_vmm::PagePool`], so the memory held is the
+//! peak of pages touched by live blocks. Freed extent and buddy blocks wait in stream-ordered exact-size
+//! caches ([`gen_stream::StreamCache`]) — the steady state of a training loop is served from there with no
+//! driver call and no tier lock — and go back to their tier whenever the page pool would otherwise grow.
+//! See docs/ARCHITECTURE.md.
+
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod error;
+mod meta;
+mod pool;
+pub mod stats;
+
+pub use config::{Config, ConfigError, MidTier, Routing};
+pub use error::{FreeFault, GenpoolError, OomReport, Result, TierUsage};
+pub use gen_classifier::Lifetime;
+pub use gen_device::{Device, DeviceError, StreamId};
+pub use pool::{Block, Hint, Pool, Tier, ALIGN};
+pub use stats::{PoolStats, TierStats};

@@ -1,0 +1,255 @@
+//! Engine configuration: a builder, and PyTorch-style `key:value,key:value` strings (`GENPOOL_CONF`).
+
+use std::str::FromStr;
+
+/// Where mid-lived allocations go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum MidTier {
+    /// The driver's stream-ordered pool (gen-stream, a private `cudaMemPool`).
+    Stream,
+    /// The extent arena, beside the large short-lived blocks (pages shared with them).
+    Extent,
+}
+
+/// How allocations are routed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum Routing {
+    /// By predicted lifetime and size (the design).
+    Generational,
+    /// Everything but slab-sized blocks to the extent arena, no classifier influence (a baseline that
+    /// shows what the lifetime split buys).
+    Single,
+}
+
+/// A bad configuration key or value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// A key the engine does not know.
+    #[error("unknown configuration key '{key}' (valid keys: {})", VALID_KEYS.join(", "))]
+    UnknownKey {
+        /// The key given.
+        key: String,
+    },
+    /// A value that does not parse or is out of range.
+    #[error("bad value '{value}' for configuration key '{key}': {reason}")]
+    BadValue {
+        /// The key.
+        key: String,
+        /// The value given.
+        value: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// An entry with no `:`.
+    #[error("malformed configuration entry '{0}': expected key:value")]
+    Malformed(String),
+}
+
+/// Every key [`Config::parse`] accepts.
+pub const VALID_KEYS: &[&str] = &[
+    "slab_max_size",
+    "mid_tier",
+    "routing",
+    "limit",
+    "eager_unmap",
+    "cache_max_bytes",
+    "pool_release_threshold",
+    "use_site",
+    "short_horizon",
+    "mid_horizon",
+];
+
+/// Engine configuration. `Config::default()` is the tuned default; see docs/ARCHITECTURE.md.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Config {
+    /// Largest block served by the slab (bytes); bigger short-lived blocks go to the extent arena.
+    pub slab_max_size: u64,
+    /// Where mid-lived blocks go.
+    pub mid_tier: MidTier,
+    /// Routing policy.
+    pub routing: Routing,
+    /// Cap on the physical memory the engine's pages may hold (`None`: the device's).
+    pub limit: Option<u64>,
+    /// Unmap pages as soon as they are unused (debugging use-after-free; slower).
+    pub eager_unmap: bool,
+    /// Bound on bytes held in the stream-ordered front caches (0 = unbounded; pressure still drains them).
+    pub cache_max_bytes: u64,
+    /// Release threshold of the mid tier's driver pool.
+    pub pool_release_threshold: u64,
+    /// Let the classifier use call-site tags when the caller provides them.
+    pub use_site: bool,
+    /// Classifier: allocations after which a live block is no longer short-lived (0 = classifier default).
+    pub short_horizon: u64,
+    /// Classifier: allocations after which a live block is no longer mid-lived (0 = classifier default).
+    pub mid_horizon: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            slab_max_size: 1 << 20,
+            mid_tier: MidTier::Extent,
+            routing: Routing::Generational,
+            limit: None,
+            eager_unmap: false,
+            cache_max_bytes: 0,
+            pool_release_threshold: u64::MAX,
+            use_site: true,
+            short_horizon: 0,
+            mid_horizon: 0,
+        }
+    }
+}
+
+/// Parse a byte size: a plain integer, or with a suffix K, M, G, T (binary: KiB, MiB ... also accepted).
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("'{s}' is not a byte size"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        u => return Err(format!("unknown unit '{u}' in '{s}'")),
+    };
+    n.checked_mul(mult).ok_or_else(|| format!("'{s}' overflows 64 bits"))
+}
+
+fn parse_bool(s: &str) -> Result<bool, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(format!("'{s}' is not a boolean (true/false)")),
+    }
+}
+
+impl Config {
+    /// The default configuration, overridden by the environment variable `GENPOOL_CONF` when set.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        match std::env::var("GENPOOL_CONF") {
+            Ok(s) => Self::parse(&s),
+            Err(_) => Ok(Self::default()),
+        }
+    }
+
+    /// Parse `key:value,key:value` over the defaults. Unknown keys and bad values are errors that list
+    /// the valid keys.
+    pub fn parse(s: &str) -> Result<Self, ConfigError> {
+        let mut c = Config::default();
+        for entry in s.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            let (k, v) = entry.split_once(':').ok_or_else(|| ConfigError::Malformed(entry.into()))?;
+            c.set(k.trim(), v.trim())?;
+        }
+        Ok(c)
+    }
+
+    /// Set one key from its string form.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
+        let bad = |reason: String| ConfigError::BadValue {
+            key: key.to_string(),
+            value: value.to_string(),
+            reason,
+        };
+        match key {
+            "slab_max_size" => {
+                let v = parse_bytes(value).map_err(bad)?;
+                if !(512..=(64 << 20)).contains(&v) {
+                    return Err(bad("must be between 512 B and 64 MiB".into()));
+                }
+                self.slab_max_size = v;
+            }
+            "mid_tier" => {
+                self.mid_tier = match value {
+                    "stream" => MidTier::Stream,
+                    "extent" => MidTier::Extent,
+                    _ => return Err(bad("expected 'stream' or 'extent'".into())),
+                }
+            }
+            "routing" => {
+                self.routing = match value {
+                    "generational" => Routing::Generational,
+                    "single" => Routing::Single,
+                    _ => return Err(bad("expected 'generational' or 'single'".into())),
+                }
+            }
+            "limit" => {
+                let v = parse_bytes(value).map_err(bad)?;
+                self.limit = if v == 0 { None } else { Some(v) };
+            }
+            "eager_unmap" => self.eager_unmap = parse_bool(value).map_err(bad)?,
+            "cache_max_bytes" => self.cache_max_bytes = parse_bytes(value).map_err(bad)?,
+            "pool_release_threshold" => {
+                self.pool_release_threshold = parse_bytes(value).map_err(bad)?
+            }
+            "use_site" => self.use_site = parse_bool(value).map_err(bad)?,
+            "short_horizon" => {
+                self.short_horizon = value.parse().map_err(|_| bad("expected an integer".into()))?
+            }
+            "mid_horizon" => {
+                self.mid_horizon = value.parse().map_err(|_| bad("expected an integer".into()))?
+            }
+            _ => return Err(ConfigError::UnknownKey { key: key.to_string() }),
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for Config {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Config::parse(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_keys_and_units() {
+        let c = Config::parse("slab_max_size:256KiB, mid_tier:stream,limit:8G,eager_unmap:true").unwrap();
+        assert_eq!(c.slab_max_size, 256 << 10);
+        assert_eq!(c.mid_tier, MidTier::Stream);
+        assert_eq!(c.limit, Some(8 << 30));
+        assert!(c.eager_unmap);
+        assert_eq!(Config::parse("").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn unknown_key_lists_valid_keys() {
+        let e = Config::parse("slab_max:1").unwrap_err();
+        assert!(matches!(e, ConfigError::UnknownKey { ref key } if key == "slab_max"));
+        let msg = e.to_string();
+        for k in VALID_KEYS {
+            assert!(msg.contains(k), "{msg} should list {k}");
+        }
+    }
+
+    #[test]
+    fn bad_values_are_errors() {
+        for s in [
+            "slab_max_size:12x",
+            "slab_max_size:1",
+            "mid_tier:gpu",
+            "eager_unmap:maybe",
+            "limit:-1",
+            "short_horizon:ten",
+            "limit:99999999999999999999",
+        ] {
+            assert!(matches!(Config::parse(s), Err(ConfigError::BadValue { .. })), "{s}");
+        }
+        assert!(matches!(Config::parse("novalue"), Err(ConfigError::Malformed(_))));
+    }
+
+    #[test]
+    fn byte_units() {
+        assert_eq!(parse_bytes("512").unwrap(), 512);
+        assert_eq!(parse_bytes("2M").unwrap(), 2 << 20);
+        assert_eq!(parse_bytes("1 GiB").unwrap(), 1 << 30);
+        assert!(parse_bytes("1Q").is_err());
+        assert!(parse_bytes("").is_err());
+    }
+}

@@ -1,0 +1,588 @@
+//! The engine: classify, route, serve from a tier's cache or the tier, and keep the books.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use gen_buddy::{Buddy, BuddyConfig, BuddyError};
+use gen_classifier::{Classifier, ClassifierConfig, Features, Lifetime};
+use gen_device::{Device, StreamId};
+use gen_extent::{ExtentArena, ExtentConfig, ExtentError};
+use gen_slab::{Slab, SlabConfig, SlabError};
+use gen_stream::{StreamCache, StreamCacheConfig, StreamPool, StreamPoolConfig};
+use gen_vmm::{PagePool, PagePoolConfig, VmmError};
+
+use crate::config::{Config, MidTier, Routing};
+use crate::error::{FreeFault, GenpoolError, OomReport, Result, TierUsage};
+use crate::meta::{Meta, MetaTable, Removed};
+use crate::stats::{PoolStats, TierStats};
+
+/// Every block is aligned to (and sized in multiples of) this many bytes, as PyTorch's allocator does.
+pub const ALIGN: u64 = 512;
+
+/// The tiers of the engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[repr(u8)]
+pub enum Tier {
+    /// Short-lived small blocks: size classes over chunks, lock-free free lists.
+    Slab = 0,
+    /// Large short/mid-lived blocks: best-fit coalescing over page-mapped VA.
+    Extent = 1,
+    /// Mid-lived blocks through the driver's stream-ordered pool.
+    Stream = 2,
+    /// Long-lived blocks: exact-fit buddy.
+    Buddy = 3,
+}
+
+impl Tier {
+    /// All tiers, in index order.
+    pub const ALL: [Tier; 4] = [Tier::Slab, Tier::Extent, Tier::Stream, Tier::Buddy];
+    /// The tier's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Slab => "slab",
+            Tier::Extent => "extent",
+            Tier::Stream => "stream",
+            Tier::Buddy => "buddy",
+        }
+    }
+}
+
+/// A caller's statement about an allocation's lifetime, or its call site.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Hint {
+    /// An explicit lifetime: overrides the classifier's prediction (which is still scored).
+    pub lifetime: Option<Lifetime>,
+    /// A call-site tag (e.g. a hash of the allocating frames), used by the classifier as a feature.
+    pub site: Option<u64>,
+}
+
+impl Hint {
+    /// No hint.
+    pub const NONE: Hint = Hint { lifetime: None, site: None };
+}
+
+/// A block handed out by [`Pool::alloc`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Block {
+    /// Device address, 512-byte aligned.
+    pub ptr: u64,
+    /// Usable bytes (the request rounded up to 512).
+    pub size: u64,
+    /// The tier that serves it.
+    pub tier: Tier,
+}
+
+#[derive(Default)]
+struct TierCounters {
+    allocs: AtomicU64,
+    frees: AtomicU64,
+    live: AtomicU64,
+    live_peak: AtomicU64,
+}
+
+/// One device's generational pool. `Send + Sync`: allocate and free from any thread.
+pub struct Pool {
+    device: Arc<dyn Device>,
+    cfg: Config,
+    pages: Arc<PagePool>,
+    classifier: Classifier,
+    slab: Slab,
+    extent: ExtentArena,
+    buddy: Buddy,
+    stream: Option<StreamPool>,
+    extent_cache: StreamCache,
+    buddy_cache: StreamCache,
+    meta: MetaTable,
+    tiers: [TierCounters; 4],
+    live: AtomicU64,
+    live_peak: AtomicU64,
+    allocs: AtomicU64,
+    frees: AtomicU64,
+    ooms: AtomicU64,
+    retries: AtomicU64,
+    invalid_frees: AtomicU64,
+    max_size: u64,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool").field("device", &self.device.props().name).field("cfg", &self.cfg).finish()
+    }
+}
+
+fn tier_err(e: impl std::fmt::Display) -> GenpoolError {
+    GenpoolError::Device(gen_device::DeviceError::InvalidArgument {
+        call: "tier",
+        detail: e.to_string(),
+    })
+}
+
+/// The outcome of one tier attempt, normalised across tiers.
+enum Attempt {
+    Ok(u64),
+    WouldGrow,
+    Oom,
+    Err(GenpoolError),
+}
+
+impl From<VmmError> for Attempt {
+    fn from(e: VmmError) -> Self {
+        match e {
+            VmmError::WouldGrow { .. } => Attempt::WouldGrow,
+            VmmError::OutOfMemory { .. } => Attempt::Oom,
+            VmmError::Device(d) if d.is_oom() => Attempt::Oom,
+            VmmError::Device(d) => Attempt::Err(GenpoolError::Device(d)),
+            other => Attempt::Err(tier_err(other)),
+        }
+    }
+}
+
+impl Pool {
+    /// A pool on `device` with `cfg`.
+    pub fn new(device: Arc<dyn Device>, cfg: Config) -> Result<Self> {
+        let props = device.props().clone();
+        let pages = PagePool::new(
+            device.clone(),
+            PagePoolConfig { limit: cfg.limit, eager_unmap: cfg.eager_unmap },
+        )
+        .map_err(|e| match e {
+            VmmError::Device(d) => GenpoolError::Device(d),
+            other => tier_err(other),
+        })?;
+        let page = pages.page_size();
+        let mut ccfg = ClassifierConfig::default();
+        if cfg.short_horizon > 0 {
+            ccfg.short_horizon = cfg.short_horizon;
+        }
+        if cfg.mid_horizon > 0 {
+            ccfg.mid_horizon = cfg.mid_horizon;
+        }
+        let classifier = Classifier::new(ccfg);
+        let slab = Slab::new(
+            &pages,
+            device.clone(),
+            SlabConfig { max_size: cfg.slab_max_size, ..SlabConfig::default() },
+        )
+        .map_err(tier_err)?;
+        // VA is free: give the extent arena twice the device's memory so its address space never
+        // fragments into failure before its pages do.
+        let extent_va = (props.total_mem.saturating_mul(2)).div_ceil(page).max(1) * page;
+        let extent = ExtentArena::new(&pages, ExtentConfig { va_bytes: extent_va, ..ExtentConfig::default() })
+            .map_err(tier_err)?;
+        let buddy = Buddy::new(&pages, BuddyConfig::default()).map_err(tier_err)?;
+        let stream = if props.supports_pools && cfg.mid_tier == MidTier::Stream {
+            Some(
+                StreamPool::new(
+                    device.clone(),
+                    StreamPoolConfig {
+                        release_threshold: cfg.pool_release_threshold,
+                        ..StreamPoolConfig::default()
+                    },
+                )
+                .map_err(tier_err)?,
+            )
+        } else {
+            None
+        };
+        let cache_cfg = StreamCacheConfig { max_bytes: cfg.cache_max_bytes, ..StreamCacheConfig::default() };
+        Ok(Pool {
+            extent_cache: StreamCache::new(device.clone(), cache_cfg.clone()),
+            buddy_cache: StreamCache::new(device.clone(), cache_cfg),
+            max_size: props.total_mem,
+            device,
+            cfg,
+            pages,
+            classifier,
+            slab,
+            extent,
+            buddy,
+            stream,
+            meta: MetaTable::new(),
+            tiers: Default::default(),
+            live: AtomicU64::new(0),
+            live_peak: AtomicU64::new(0),
+            allocs: AtomicU64::new(0),
+            frees: AtomicU64::new(0),
+            ooms: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
+            invalid_frees: AtomicU64::new(0),
+        })
+    }
+
+    /// The device this pool serves.
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.device
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The classifier (for its confusion matrix and statistics).
+    pub fn classifier(&self) -> &Classifier {
+        &self.classifier
+    }
+
+    fn route(&self, size: u64, class: Lifetime) -> Tier {
+        let small = size <= self.slab.max_size();
+        match (self.cfg.routing, class) {
+            (Routing::Single, _) | (Routing::Generational, Lifetime::Short) => {
+                if small {
+                    Tier::Slab
+                } else {
+                    Tier::Extent
+                }
+            }
+            (Routing::Generational, Lifetime::Mid) => {
+                if self.stream.is_some() {
+                    Tier::Stream
+                } else if small {
+                    Tier::Slab
+                } else {
+                    Tier::Extent
+                }
+            }
+            (Routing::Generational, Lifetime::Long) => Tier::Buddy,
+        }
+    }
+
+    /// Allocate `size` bytes for use on `stream`. Alignment is 512 bytes; the block spans `size` rounded
+    /// up to 512. Zero and impossible sizes are [`GenpoolError::InvalidSize`]; when the device is
+    /// exhausted the pool first gives back everything it caches and retries once, then fails with
+    /// [`GenpoolError::OutOfMemory`] and stays usable.
+    pub fn alloc(&self, size: u64, stream: StreamId, hint: Hint) -> Result<Block> {
+        if size == 0 {
+            return Err(GenpoolError::InvalidSize { size, reason: "zero-byte allocation" });
+        }
+        if size > self.max_size {
+            return Err(GenpoolError::InvalidSize { size, reason: "larger than the device's memory" });
+        }
+        let size = size.div_ceil(ALIGN) * ALIGN;
+        let features = Features {
+            size,
+            stream,
+            device: self.device.props().ordinal as u32,
+            site: if self.cfg.use_site { hint.site } else { None },
+            hint: hint.lifetime,
+        };
+        let stamp = self.classifier.on_alloc(&features);
+        let tier = self.route(size, stamp.predicted());
+        let ptr = match self.alloc_in(tier, size, stream) {
+            Ok(p) => p,
+            Err(e) => {
+                // The classifier advanced its clocks for an allocation that never happened: score it
+                // as an immediate free so its books stay balanced.
+                self.classifier.on_free(&stamp, size);
+                return Err(e);
+            }
+        };
+        self.meta.insert(ptr, Meta { size, tier, stamp });
+        let t = &self.tiers[tier as usize];
+        t.allocs.fetch_add(1, Relaxed);
+        let tl = t.live.fetch_add(size, Relaxed) + size;
+        t.live_peak.fetch_max(tl, Relaxed);
+        self.allocs.fetch_add(1, Relaxed);
+        let live = self.live.fetch_add(size, Relaxed) + size;
+        self.live_peak.fetch_max(live, Relaxed);
+        Ok(Block { ptr, size, tier })
+    }
+
+    fn alloc_in(&self, tier: Tier, size: u64, stream: StreamId) -> Result<u64> {
+        // Hot path: a cached block of exactly this size, safe on this stream.
+        let cached = match tier {
+            Tier::Extent => self.extent_cache.take(size, stream),
+            Tier::Buddy => self.buddy_cache.take(size, stream),
+            _ => None,
+        };
+        if let Some(p) = cached {
+            return Ok(p);
+        }
+        // 1. without growing the page pool; 2. after giving cached blocks back; 3. growing;
+        // 4. after releasing everything, once more; then out of memory.
+        match self.attempt(tier, size, stream, false) {
+            Attempt::Ok(p) => return Ok(p),
+            Attempt::Err(e) => return Err(e),
+            Attempt::WouldGrow | Attempt::Oom => {}
+        }
+        self.relieve(false);
+        for grow in [false, true] {
+            match self.attempt(tier, size, stream, grow) {
+                Attempt::Ok(p) => return Ok(p),
+                Attempt::Err(e) => return Err(e),
+                Attempt::WouldGrow => continue,
+                Attempt::Oom => break,
+            }
+        }
+        self.retries.fetch_add(1, Relaxed);
+        self.relieve(true);
+        match self.attempt(tier, size, stream, true) {
+            Attempt::Ok(p) => Ok(p),
+            Attempt::Err(e) => Err(e),
+            Attempt::WouldGrow | Attempt::Oom => {
+                self.ooms.fetch_add(1, Relaxed);
+                Err(GenpoolError::OutOfMemory(Box::new(self.oom_report(size))))
+            }
+        }
+    }
+
+    fn attempt(&self, tier: Tier, size: u64, stream: StreamId, grow: bool) -> Attempt {
+        match tier {
+            Tier::Slab => match self.slab.alloc(size, stream, grow) {
+                Ok(p) => Attempt::Ok(p),
+                Err(SlabError::WouldGrow { .. }) => Attempt::WouldGrow,
+                Err(SlabError::Vmm(e)) => e.into(),
+                Err(e) => Attempt::Err(tier_err(e)),
+            },
+            Tier::Extent => match self.extent.alloc(size, grow) {
+                Ok(p) => Attempt::Ok(p),
+                Err(ExtentError::WouldGrow { .. }) => Attempt::WouldGrow,
+                Err(ExtentError::Vmm(e)) => e.into(),
+                Err(e @ ExtentError::OutOfAddressSpace { .. }) => {
+                    log::warn!("genpool: {e}");
+                    Attempt::Oom
+                }
+                Err(e) => Attempt::Err(tier_err(e)),
+            },
+            Tier::Buddy => match self.buddy.alloc(size, grow) {
+                Ok(p) => Attempt::Ok(p),
+                Err(BuddyError::WouldGrow { .. }) => Attempt::WouldGrow,
+                Err(BuddyError::Vmm(e)) => e.into(),
+                Err(e) => Attempt::Err(tier_err(e)),
+            },
+            Tier::Stream => {
+                let sp = self.stream.as_ref().expect("stream tier routed only when present");
+                match sp.alloc(size, stream) {
+                    Ok(p) => Attempt::Ok(p),
+                    Err(e) if e.is_oom() => Attempt::Oom,
+                    Err(e) => Attempt::Err(tier_err(e)),
+                }
+            }
+        }
+    }
+
+    /// Give cached memory back. `hard`: also trim the driver pool and release unused pages.
+    fn relieve(&self, hard: bool) {
+        let drain = |cache: &StreamCache, free: &dyn Fn(u64)| {
+            if let Err(e) = cache.drain(&mut |p, _| free(p)) {
+                log::error!("genpool: draining a stream cache: {e}");
+            }
+        };
+        drain(&self.extent_cache, &|p| {
+            if let Err(e) = self.extent.free(p) {
+                log::error!("genpool: returning a cached block to the extent arena: {e}");
+            }
+        });
+        drain(&self.buddy_cache, &|p| {
+            if let Err(e) = self.buddy.free(p) {
+                log::error!("genpool: returning a cached block to the buddy: {e}");
+            }
+        });
+        if let Err(e) = self.slab.reclaim() {
+            log::error!("genpool: slab reclaim: {e}");
+        }
+        if hard {
+            if let Some(sp) = &self.stream {
+                if let Err(e) = sp.trim(0) {
+                    log::error!("genpool: trimming the stream pool: {e}");
+                }
+            }
+            self.extent.trim();
+            self.buddy.trim();
+            if let Err(e) = self.pages.release_unused() {
+                log::error!("genpool: releasing unused pages: {e}");
+            }
+        }
+    }
+
+    /// Free a block on `stream`: it is reusable at once on `stream`, and on other streams once the work
+    /// queued on `stream` before this call has completed. Unknown and double frees are refused with
+    /// [`GenpoolError::InvalidFree`] and change nothing.
+    pub fn free(&self, ptr: u64, stream: StreamId) -> Result<u64> {
+        if ptr == 0 {
+            self.invalid_frees.fetch_add(1, Relaxed);
+            return Err(GenpoolError::InvalidFree { ptr, fault: FreeFault::Null });
+        }
+        let meta = match self.meta.remove(ptr) {
+            Removed::Live(m) => m,
+            Removed::RecentlyFreed => {
+                self.invalid_frees.fetch_add(1, Relaxed);
+                return Err(GenpoolError::InvalidFree { ptr, fault: FreeFault::DoubleFree });
+            }
+            Removed::Unknown => {
+                self.invalid_frees.fetch_add(1, Relaxed);
+                return Err(GenpoolError::InvalidFree { ptr, fault: FreeFault::Unknown });
+            }
+        };
+        let size = meta.size;
+        self.classifier.on_free(&meta.stamp, size);
+        let res = match meta.tier {
+            Tier::Slab => self.slab.free(ptr, stream).map(|_| ()).map_err(tier_err),
+            Tier::Extent => self.cache_or_free(&self.extent_cache, ptr, size, stream, |p| {
+                self.extent.free(p).map(|_| ()).map_err(tier_err)
+            }),
+            Tier::Buddy => self.cache_or_free(&self.buddy_cache, ptr, size, stream, |p| {
+                self.buddy.free(p).map(|_| ()).map_err(tier_err)
+            }),
+            Tier::Stream => {
+                let sp = self.stream.as_ref().expect("stream tier present for its blocks");
+                sp.free(ptr, stream).map(|_| ()).map_err(tier_err)
+            }
+        };
+        if let Err(e) = res {
+            // The tier refused a block our table said was live: an internal inconsistency. Keep the
+            // block recorded (nothing is lost) and report it.
+            self.meta.insert(ptr, meta);
+            return Err(e);
+        }
+        self.tiers[meta.tier as usize].frees.fetch_add(1, Relaxed);
+        self.tiers[meta.tier as usize].live.fetch_sub(size, Relaxed);
+        self.frees.fetch_add(1, Relaxed);
+        self.live.fetch_sub(size, Relaxed);
+        Ok(size)
+    }
+
+    fn cache_or_free(
+        &self,
+        cache: &StreamCache,
+        ptr: u64,
+        size: u64,
+        stream: StreamId,
+        free: impl FnOnce(u64) -> Result<()>,
+    ) -> Result<()> {
+        match cache.put(ptr, size, stream) {
+            Ok(()) => Ok(()),
+            Err(_) => free(ptr),
+        }
+    }
+
+    /// Tell the classifier a training iteration ended (an explicit period mark).
+    pub fn mark_iteration(&self) {
+        self.classifier.mark_iteration();
+    }
+
+    /// Give back everything cached: blocks held for reuse, empty slab chunks, unused pages and the driver
+    /// pool's spare memory. Returns the bytes of reservation released.
+    pub fn trim(&self) -> u64 {
+        let before = self.reserved_now();
+        self.relieve(true);
+        before.saturating_sub(self.reserved_now())
+    }
+
+    /// Bytes held from the device now: physical pages of every tier plus the driver pool's reservation.
+    pub fn reserved_now(&self) -> u64 {
+        let pool = self.stream.as_ref().map_or(0, |s| s.stats().reserved_current);
+        self.pages.stats().bytes_held() + pool
+    }
+
+    /// Peak bytes held from the device. With the stream tier in use this is the sum of the page pool's
+    /// peak and the driver pool's reserved-high — an upper bound of the true peak (never less).
+    pub fn reserved_peak(&self) -> u64 {
+        let pool = self.stream.as_ref().map_or(0, |s| s.stats().reserved_high);
+        self.pages.stats().bytes_peak() + pool
+    }
+
+    /// Bytes live (allocated and not freed).
+    pub fn allocated(&self) -> u64 {
+        self.live.load(Relaxed)
+    }
+
+    /// Number of live blocks.
+    pub fn live_blocks(&self) -> usize {
+        self.meta.len()
+    }
+
+    /// The tier and size of a live block, if `ptr` is one.
+    pub fn lookup(&self, ptr: u64) -> Option<Block> {
+        self.meta.get(ptr).map(|m| Block { ptr, size: m.size, tier: m.tier })
+    }
+
+    /// Every live block (address order not guaranteed).
+    pub fn live(&self) -> Vec<Block> {
+        self.meta.snapshot().into_iter().map(|(ptr, m)| Block { ptr, size: m.size, tier: m.tier }).collect()
+    }
+
+    /// Score the blocks still live as the classifier would at the end of a run (for accuracy reports).
+    pub fn finish_classifier(&self) {
+        let live = self.meta.snapshot();
+        self.classifier.finish(live.into_iter().map(|(_, m)| (m.stamp, m.size)));
+    }
+
+    fn tier_reserved(&self, tier: Tier) -> (u64, u64) {
+        match tier {
+            Tier::Slab => {
+                let s = self.slab.stats();
+                (s.committed_bytes, s.peak_committed_bytes)
+            }
+            Tier::Extent => {
+                let s = self.extent.stats();
+                (s.committed_bytes, s.peak_committed_bytes)
+            }
+            Tier::Buddy => {
+                let s = self.buddy.stats();
+                (s.committed_bytes, s.peak_committed_bytes)
+            }
+            Tier::Stream => self.stream.as_ref().map_or((0, 0), |s| {
+                let st = s.stats();
+                (st.reserved_current, st.reserved_high)
+            }),
+        }
+    }
+
+    fn oom_report(&self, requested: u64) -> OomReport {
+        OomReport {
+            requested,
+            live: self.allocated(),
+            reserved: self.reserved_now(),
+            tiers: Tier::ALL
+                .iter()
+                .map(|&t| TierUsage {
+                    tier: t.name(),
+                    live: self.tiers[t as usize].live.load(Relaxed),
+                    reserved: self.tier_reserved(t).0,
+                })
+                .collect(),
+            largest_free_extent: self.extent.stats().largest_free_extent,
+            device_free: self.device.mem_info().ok().map(|(f, _)| f),
+        }
+    }
+
+    /// A snapshot of the engine's statistics.
+    pub fn stats(&self) -> PoolStats {
+        let pages = self.pages.stats();
+        let confusion = self.classifier.confusion();
+        PoolStats {
+            allocated_current: self.allocated(),
+            allocated_peak: self.live_peak.load(Relaxed),
+            reserved_current: self.reserved_now(),
+            reserved_peak: self.reserved_peak(),
+            num_allocs: self.allocs.load(Relaxed),
+            num_frees: self.frees.load(Relaxed),
+            num_ooms: self.ooms.load(Relaxed),
+            num_alloc_retries: self.retries.load(Relaxed),
+            num_invalid_frees: self.invalid_frees.load(Relaxed),
+            cached_bytes: self.extent_cache.cached_bytes() + self.buddy_cache.cached_bytes(),
+            pages,
+            tiers: Tier::ALL
+                .iter()
+                .map(|&t| {
+                    let c = &self.tiers[t as usize];
+                    let (reserved, reserved_peak) = self.tier_reserved(t);
+                    TierStats {
+                        tier: t.name(),
+                        allocs: c.allocs.load(Relaxed),
+                        frees: c.frees.load(Relaxed),
+                        live_bytes: c.live.load(Relaxed),
+                        live_peak: c.live_peak.load(Relaxed),
+                        reserved,
+                        reserved_peak,
+                    }
+                })
+                .collect(),
+            classifier_accuracy_count: confusion.accuracy_count(),
+            classifier_accuracy_bytes: confusion.accuracy_bytes(),
+            confusion_counts: confusion.counts,
+            confusion_bytes: confusion.bytes,
+        }
+    }
+}

@@ -1,0 +1,60 @@
+//! Engine statistics, serialisable for the CLI's `--json` and the PyTorch plug-in's `memory_stats()`.
+
+use gen_vmm::PagePoolStats;
+
+/// One tier's figures.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct TierStats {
+    /// Tier name.
+    pub tier: &'static str,
+    /// Allocations served.
+    pub allocs: u64,
+    /// Frees received.
+    pub frees: u64,
+    /// Bytes live now.
+    pub live_bytes: u64,
+    /// Highest live bytes.
+    pub live_peak: u64,
+    /// Bytes the tier holds from the device now (committed pages, or the driver pool's reservation).
+    pub reserved: u64,
+    /// Highest `reserved`.
+    pub reserved_peak: u64,
+}
+
+/// A snapshot of a [`Pool`](crate::Pool)'s statistics.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct PoolStats {
+    /// Bytes allocated and not freed.
+    pub allocated_current: u64,
+    /// Highest `allocated_current`.
+    pub allocated_peak: u64,
+    /// Bytes held from the device now.
+    pub reserved_current: u64,
+    /// Highest bytes held from the device (see [`Pool::reserved_peak`](crate::Pool::reserved_peak)).
+    pub reserved_peak: u64,
+    /// Successful allocations.
+    pub num_allocs: u64,
+    /// Successful frees.
+    pub num_frees: u64,
+    /// Allocations that failed with out-of-memory after the release-and-retry.
+    pub num_ooms: u64,
+    /// Allocations that needed the release-and-retry path.
+    pub num_alloc_retries: u64,
+    /// Frees refused (unknown, double, null).
+    pub num_invalid_frees: u64,
+    /// Bytes held in the stream-ordered front caches.
+    pub cached_bytes: u64,
+    /// The shared page pool.
+    #[serde(skip)]
+    pub pages: PagePoolStats,
+    /// Per tier.
+    pub tiers: Vec<TierStats>,
+    /// Classifier accuracy by count against observed lifetimes.
+    pub classifier_accuracy_count: f64,
+    /// Classifier accuracy by bytes.
+    pub classifier_accuracy_bytes: f64,
+    /// Confusion matrix (predicted × actual: short, mid, long), counts.
+    pub confusion_counts: [[u64; 3]; 3],
+    /// Confusion matrix, bytes.
+    pub confusion_bytes: [[u64; 3]; 3],
+}
