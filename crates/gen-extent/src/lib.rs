@@ -1,1 +1,278 @@
 //! Large short/mid-lived tier: best-fit coalescing extent arena over one huge page-mapped region.
+//!
+//! Activations and other large, short- or mid-lived blocks carry most of a training step's bytes. This
+//! tier lays them out in a single [`gen_vmm::Region`] reserved once (by default twice the device's memory
+//! of VA — address space costs nothing, only committed pages do), with no segments: best fit with
+//! coalescing, as in TensorFlow's BFC or PyTorch's large pool, over one address range ([`ExtentCore`]).
+//!
+//! A block commits exactly its own bytes (`Region::commit(off, round_up(size, 512))`) and decommits them on
+//! free. Blocks are packed back to back (512-B alignment, no rounding to pages), so neighbours share
+//! their boundary page and the physical memory held is the live bytes plus at most one partial page per
+//! free gap. Best fit takes the smallest free extent that holds the request, the lowest-addressed among
+//! equals, and places the block at its low end.
+//!
+//! All methods take `&self`; bookkeeping sits behind one `parking_lot::Mutex` and is O(log n) in the number
+//! of free extents. [`ExtentArena::owns`] is a plain address-range check with no lock.
+
+mod core;
+mod tally;
+
+use std::sync::Arc;
+
+use gen_vmm::{PagePool, Region, VmmError};
+use parking_lot::Mutex;
+
+pub use crate::core::{round_size, ExtentCore, MIN_BLOCK};
+use crate::tally::PageTally;
+
+/// Errors of the extent tier.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExtentError {
+    /// Committing the block needs new physical pages and `grow` was false (passed through from
+    /// [`Region::commit`]); the engine flushes its caches and retries with `grow == true`.
+    #[error("allocation would create {pages} new physical page(s)")]
+    WouldGrow {
+        /// Pages that would have to be created.
+        pages: u64,
+    },
+    /// The page pool or the device cannot provide the memory.
+    #[error("out of device memory: {requested} bytes requested")]
+    OutOfMemory {
+        /// Bytes of physical memory that could not be obtained.
+        requested: u64,
+    },
+    /// No free extent of the arena's address range is large enough.
+    #[error("extent arena address space exhausted: {requested} bytes requested, largest free extent {largest_free}")]
+    OutOfAddressSpace {
+        /// Bytes requested (rounded).
+        requested: u64,
+        /// The largest free extent at the time.
+        largest_free: u64,
+    },
+    /// A size of 0, or one too large to represent after rounding.
+    #[error("invalid allocation size {0}")]
+    InvalidSize(u64),
+    /// `free` of a pointer that is not the start of a live block of this arena (unknown, interior or
+    /// already freed).
+    #[error("invalid free of {ptr:#x}: not the start of a live extent")]
+    InvalidFree {
+        /// The pointer passed to `free`.
+        ptr: u64,
+    },
+    /// A configuration the arena cannot work with.
+    #[error("invalid extent arena configuration: {0}")]
+    InvalidConfig(String),
+    /// Any other error of the page layer.
+    #[error(transparent)]
+    Vmm(VmmError),
+}
+
+impl From<VmmError> for ExtentError {
+    fn from(e: VmmError) -> Self {
+        match e {
+            VmmError::WouldGrow { pages } => ExtentError::WouldGrow { pages },
+            VmmError::OutOfMemory { requested, .. } => ExtentError::OutOfMemory { requested },
+            VmmError::Device(gen_device::DeviceError::OutOfMemory { requested, .. }) => {
+                ExtentError::OutOfMemory { requested }
+            }
+            other => ExtentError::Vmm(other),
+        }
+    }
+}
+
+/// Configuration of an [`ExtentArena`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExtentConfig {
+    /// Bytes of VA to reserve; 0 = twice the device's total memory.
+    pub va_len: u64,
+    /// Name given to the region (errors, stats).
+    pub name: &'static str,
+}
+
+impl Default for ExtentConfig {
+    fn default() -> Self {
+        ExtentConfig { va_len: 0, name: "gen-extent" }
+    }
+}
+
+/// A snapshot of an [`ExtentArena`]'s counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExtentStats {
+    /// Bytes in live blocks (each rounded up to 512 B).
+    pub live_bytes: u64,
+    /// Number of live blocks.
+    pub live_blocks: u64,
+    /// Bytes of pages touched by live blocks (what this tier holds committed now).
+    pub committed_bytes: u64,
+    /// Highest `committed_bytes` so far.
+    pub peak_committed_bytes: u64,
+    /// Highest `live_bytes` so far.
+    pub peak_live_bytes: u64,
+    /// Free extents.
+    pub free_extents: u64,
+    /// Largest free extent in bytes.
+    pub largest_free_extent: u64,
+    /// VA bytes reserved.
+    pub reserved_va_bytes: u64,
+    /// Successful allocations so far.
+    pub allocs: u64,
+    /// Successful frees so far.
+    pub frees: u64,
+}
+
+struct Inner {
+    core: ExtentCore,
+    tally: PageTally,
+    peak_committed_pages: u64,
+    peak_live: u64,
+    allocs: u64,
+    frees: u64,
+}
+
+/// The large-block tier. See the crate docs.
+pub struct ExtentArena {
+    region: Region,
+    // Copies of the region's range for the lock-free `owns`.
+    base: u64,
+    len: u64,
+    page: u64,
+    inner: Mutex<Inner>,
+}
+
+impl std::fmt::Debug for ExtentArena {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExtentArena").field("region", &self.region).field("stats", &self.stats()).finish()
+    }
+}
+
+impl ExtentArena {
+    /// An arena reserving `cfg.va_len` bytes of VA (0 = twice the device's memory) from `pool`'s device.
+    pub fn new(pool: &Arc<PagePool>, cfg: ExtentConfig) -> Result<Self, ExtentError> {
+        let page = pool.page_size();
+        let want = if cfg.va_len == 0 {
+            pool.device().props().total_mem.saturating_mul(2)
+        } else {
+            cfg.va_len
+        };
+        let va_len = want
+            .checked_next_multiple_of(page.max(1))
+            .filter(|&l| l >= MIN_BLOCK)
+            .ok_or_else(|| ExtentError::InvalidConfig(format!("va_len {want:#x} unusable with page {page:#x}")))?;
+        let region = Region::new(pool, va_len, cfg.name)?;
+        let (base, len) = (region.base(), region.len());
+        Ok(ExtentArena {
+            region,
+            base,
+            len,
+            page,
+            inner: Mutex::new(Inner {
+                core: ExtentCore::new(len),
+                tally: PageTally::new(page),
+                peak_committed_pages: 0,
+                peak_live: 0,
+                allocs: 0,
+                frees: 0,
+            }),
+        })
+    }
+
+    /// Allocate `size` bytes (rounded up to 512 B, 512-B aligned), best fit, and commit exactly those
+    /// bytes. With `grow == false`, fails with [`ExtentError::WouldGrow`] rather than create physical
+    /// pages. On error nothing changed.
+    pub fn alloc(&self, size: u64, grow: bool) -> Result<u64, ExtentError> {
+        let rounded = round_size(size).ok_or(ExtentError::InvalidSize(size))?;
+        let mut g = self.inner.lock();
+        let off = g.core.alloc(rounded).ok_or(ExtentError::OutOfAddressSpace {
+            requested: rounded,
+            largest_free: g.core.largest_free(),
+        })?;
+        if let Err(e) = self.region.commit(off, rounded, grow) {
+            g.core.free(off);
+            return Err(e.into());
+        }
+        g.tally.add(off, rounded);
+        g.peak_committed_pages = g.peak_committed_pages.max(g.tally.pages());
+        g.peak_live = g.peak_live.max(g.core.live_bytes());
+        g.allocs += 1;
+        Ok(self.base + off)
+    }
+
+    /// Free the block starting at `ptr`: decommit its bytes and coalesce; returns its (rounded) size. A
+    /// pointer that is not the start of a live block is [`ExtentError::InvalidFree`], with no effect.
+    pub fn free(&self, ptr: u64) -> Result<u64, ExtentError> {
+        if !self.owns(ptr) {
+            return Err(ExtentError::InvalidFree { ptr });
+        }
+        let off = ptr - self.base;
+        let mut g = self.inner.lock();
+        let size = g.core.free(off).ok_or(ExtentError::InvalidFree { ptr })?;
+        self.region.decommit(off, size);
+        g.tally.remove(off, size);
+        g.frees += 1;
+        Ok(size)
+    }
+
+    /// Whether `ptr` lies in the arena's address range. Lock-free: a range check for routing frees, not
+    /// a liveness check.
+    #[inline]
+    pub fn owns(&self, ptr: u64) -> bool {
+        ptr.wrapping_sub(self.base) < self.len
+    }
+
+    /// Size of the live block starting at `ptr`, if there is one.
+    pub fn block_size(&self, ptr: u64) -> Option<u64> {
+        if !self.owns(ptr) {
+            return None;
+        }
+        self.inner.lock().core.block_size(ptr - self.base)
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> ExtentStats {
+        let g = self.inner.lock();
+        ExtentStats {
+            live_bytes: g.core.live_bytes(),
+            live_blocks: g.core.live_blocks() as u64,
+            committed_bytes: g.tally.pages() * self.page,
+            peak_committed_bytes: g.peak_committed_pages * self.page,
+            peak_live_bytes: g.peak_live,
+            free_extents: g.core.free_extents() as u64,
+            largest_free_extent: g.core.largest_free(),
+            reserved_va_bytes: self.len,
+            allocs: g.allocs,
+            frees: g.frees,
+        }
+    }
+
+    /// Release what can be released. The arena decommits every block as it is freed and keeps its one
+    /// VA range for its lifetime (VA is free; the engine's `owns` routing relies on the range staying
+    /// put), so there is never anything to give back here: returns 0. Unused physical pages go back to
+    /// the driver through [`PagePool::release_unused`].
+    pub fn trim(&self) -> u64 {
+        0
+    }
+
+    /// Check the arena's invariants (core structure, page tally against the region's own references).
+    /// Expensive; for tests and debugging.
+    pub fn check(&self) -> Result<(), String> {
+        let g = self.inner.lock();
+        g.core.check()?;
+        let tallied = g.tally.pages() * self.page;
+        let mapped = self.region.committed_bytes();
+        if tallied != mapped {
+            return Err(format!("tally {tallied} B committed, region says {mapped} B"));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ExtentArena {
+    fn drop(&mut self) {
+        // Blocks still live when the arena goes away: drop their page references so the region unmaps
+        // cleanly (the engine is shutting down; nothing may use them any more).
+        let g = self.inner.get_mut();
+        for (off, len) in g.core.live_ranges() {
+            self.region.decommit(off, len);
+        }
+    }
+}

@@ -1,0 +1,309 @@
+//! The pure offset allocator: an exact-fit binary buddy system over `[0, len)`, no device involved.
+//!
+//! Units are [`MIN_BLOCK`] (512 B). A block of order `o` covers `2^o` units and starts at a multiple of
+//! `2^o` units. Every free block is *maximal*: its buddy is never a free block of the same order (free
+//! coalesces as far as it can), and it is recorded twice:
+//! - in `free_bits[o]` (a `bitvec` bitmap, one bit per order-`o` block slot) for the O(1) "is my buddy
+//!   free?" test while coalescing;
+//! - in `free_lists[o]` (an ordered set of unit offsets) so that allocation finds the lowest-addressed free
+//!   block of the smallest sufficient order in O(log n); `nonempty` (bit `o` set when `free_lists[o]` is
+//!   non-empty) makes the order search one `trailing_zeros`.
+//!
+//! **Exact fit.** A request of `n` units takes the lowest free block of the smallest order `j` with
+//! `2^j >= n` and immediately gives back its unused tail `[n, 2^j)` as the greedy decomposition into
+//! maximal aligned blocks (the binary decomposition of `2^j - n`), so an allocation occupies exactly
+//! `n` units. Because the block started at a multiple of `2^j >= n`, the live range `[off, off + n)`
+//! itself decomposes into aligned blocks (the set bits of `n`); free returns each of those pieces with
+//! coalescing, which restores the fully coalesced state.
+
+use std::collections::{BTreeSet, HashMap};
+
+use bitvec::prelude::{BitVec, Lsb0};
+
+/// Allocation granularity and alignment: every block starts at a multiple of 512 B and sizes are rounded
+/// up to 512 B.
+pub const MIN_BLOCK: u64 = 512;
+const MIN_SHIFT: u32 = MIN_BLOCK.trailing_zeros();
+
+/// Highest supported order: a core spans at most `512 << MAX_ORDER` bytes (2^62 B).
+pub const MAX_ORDER: u32 = 53;
+
+/// Round `size` up to a multiple of [`MIN_BLOCK`]; `None` for 0 or on overflow.
+pub fn round_size(size: u64) -> Option<u64> {
+    if size == 0 {
+        return None;
+    }
+    size.checked_add(MIN_BLOCK - 1).map(|s| s & !(MIN_BLOCK - 1))
+}
+
+/// Why a [`BuddyCore`] cannot be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CoreError {
+    /// The length is not a power of two, below 512 B, or above `512 << MAX_ORDER`.
+    #[error("buddy core length {0:#x} must be a power of two between 512 B and 2^62 B")]
+    BadLength(u64),
+}
+
+/// An exact-fit buddy allocator of offsets in `[0, len)`. Not thread-safe by itself (the tier wraps it in
+/// a mutex); all operations are O(log n) in the number of free blocks.
+#[derive(Debug)]
+pub struct BuddyCore {
+    len: u64,
+    max_order: u32,
+    /// `free_bits[o][i]`: the order-`o` block starting at unit `i << o` is a (maximal) free block.
+    free_bits: Vec<BitVec<u64, Lsb0>>,
+    /// Unit offsets of the free blocks of each order, ordered so the lowest address comes first.
+    free_lists: Vec<BTreeSet<u64>>,
+    /// Bit `o` set iff `free_lists[o]` is non-empty.
+    nonempty: u64,
+    /// Live blocks: unit offset → length in units.
+    live: HashMap<u64, u64>,
+    live_units: u64,
+}
+
+impl BuddyCore {
+    /// A core over `[0, len)`, wholly free. `len` must be a power of two between 512 B and
+    /// `512 << MAX_ORDER`.
+    pub fn new(len: u64) -> Result<Self, CoreError> {
+        if !len.is_power_of_two() || len < MIN_BLOCK || len.trailing_zeros() - MIN_SHIFT > MAX_ORDER {
+            return Err(CoreError::BadLength(len));
+        }
+        let max_order = len.trailing_zeros() - MIN_SHIFT;
+        let units = len >> MIN_SHIFT;
+        let free_bits = (0..=max_order)
+            .map(|o| BitVec::repeat(false, (units >> o) as usize))
+            .collect();
+        let free_lists = (0..=max_order).map(|_| BTreeSet::new()).collect();
+        let mut core = BuddyCore {
+            len,
+            max_order,
+            free_bits,
+            free_lists,
+            nonempty: 0,
+            live: HashMap::new(),
+            live_units: 0,
+        };
+        core.push_free(0, max_order);
+        Ok(core)
+    }
+
+    /// Length of the managed range in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// True when no block is live (the whole range is one free block).
+    pub fn is_empty(&self) -> bool {
+        self.live.is_empty()
+    }
+
+    /// Bytes in live blocks (each rounded up to 512 B).
+    pub fn live_bytes(&self) -> u64 {
+        self.live_units << MIN_SHIFT
+    }
+
+    /// Number of live blocks.
+    pub fn live_blocks(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Number of (maximal) free buddy blocks.
+    pub fn free_blocks(&self) -> usize {
+        self.free_lists.iter().map(BTreeSet::len).sum()
+    }
+
+    /// Size in bytes of the largest free buddy block (0 when full).
+    pub fn largest_free(&self) -> u64 {
+        if self.nonempty == 0 {
+            0
+        } else {
+            MIN_BLOCK << (63 - self.nonempty.leading_zeros())
+        }
+    }
+
+    /// Order of the block an allocation of `size` bytes would split (the smallest non-empty order that
+    /// holds it), or `None` when it does not fit. Lets a caller with several cores pick the best fit.
+    pub fn fit_order(&self, size: u64) -> Option<u32> {
+        let units = round_size(size)? >> MIN_SHIFT;
+        let need = ceil_log2(units);
+        if need > self.max_order {
+            return None;
+        }
+        let candidates = self.nonempty & !((1u64 << need) - 1);
+        (candidates != 0).then(|| candidates.trailing_zeros())
+    }
+
+    /// Allocate `size` bytes (rounded up to 512 B) exact-fit; returns the byte offset, or `None` when no
+    /// free block is large enough (or `size` is 0).
+    pub fn alloc(&mut self, size: u64) -> Option<u64> {
+        let units = round_size(size)? >> MIN_SHIFT;
+        let order = self.fit_order(size)?;
+        let start = self.pop_lowest(order)?;
+        // Give back the tail [start + units, start + 2^order) as maximal aligned blocks. No piece can
+        // coalesce: each one's buddy lies inside the block just taken and is live or another tail piece
+        // of a different order.
+        self.decompose(start + units, start + (1u64 << order), |core, off, o| {
+            core.push_free(off, o)
+        });
+        self.live.insert(start, units);
+        self.live_units += units;
+        Some(start << MIN_SHIFT)
+    }
+
+    /// Size in bytes of the live block starting at byte offset `offset`, if any.
+    pub fn block_size(&self, offset: u64) -> Option<u64> {
+        if offset % MIN_BLOCK != 0 {
+            return None;
+        }
+        self.live.get(&(offset >> MIN_SHIFT)).map(|u| u << MIN_SHIFT)
+    }
+
+    /// Free the live block starting at byte offset `offset`; returns its size in bytes, or `None` when no
+    /// live block starts there (unknown, interior or already freed offset). Nothing changes on `None`.
+    pub fn free(&mut self, offset: u64) -> Option<u64> {
+        if offset % MIN_BLOCK != 0 {
+            return None;
+        }
+        let start = offset >> MIN_SHIFT;
+        let units = self.live.remove(&start)?;
+        self.live_units -= units;
+        self.decompose(start, start + units, |core, off, o| core.insert_coalescing(off, o));
+        Some(units << MIN_SHIFT)
+    }
+
+    /// Call `f(self, unit_offset, order)` for each block of the greedy decomposition of the unit range
+    /// `[from, to)` into maximal aligned blocks, lowest first.
+    fn decompose(&mut self, mut from: u64, to: u64, mut f: impl FnMut(&mut Self, u64, u32)) {
+        while from < to {
+            let align = if from == 0 { self.max_order } else { from.trailing_zeros().min(self.max_order) };
+            let fit = 63 - (to - from).leading_zeros();
+            let order = align.min(fit);
+            f(self, from, order);
+            from += 1u64 << order;
+        }
+    }
+
+    /// Put the free block (unit offset `off`, order `order`) back, merging with its buddy while the buddy
+    /// is a free block of the same order.
+    fn insert_coalescing(&mut self, mut off: u64, mut order: u32) {
+        while order < self.max_order {
+            let buddy = off ^ (1u64 << order);
+            if !self.free_bits[order as usize][(buddy >> order) as usize] {
+                break;
+            }
+            self.remove_free(buddy, order);
+            off &= !(1u64 << order);
+            order += 1;
+        }
+        self.push_free(off, order);
+    }
+
+    fn push_free(&mut self, off: u64, order: u32) {
+        let o = order as usize;
+        self.free_bits[o].set((off >> order) as usize, true);
+        self.free_lists[o].insert(off);
+        self.nonempty |= 1u64 << order;
+    }
+
+    fn remove_free(&mut self, off: u64, order: u32) {
+        let o = order as usize;
+        self.free_bits[o].set((off >> order) as usize, false);
+        self.free_lists[o].remove(&off);
+        if self.free_lists[o].is_empty() {
+            self.nonempty &= !(1u64 << order);
+        }
+    }
+
+    /// Remove and return the lowest free block of `order` (`None` when that order has none).
+    fn pop_lowest(&mut self, order: u32) -> Option<u64> {
+        let o = order as usize;
+        let off = self.free_lists[o].pop_first()?;
+        self.free_bits[o].set((off >> order) as usize, false);
+        if self.free_lists[o].is_empty() {
+            self.nonempty &= !(1u64 << order);
+        }
+        Some(off)
+    }
+
+    /// The free blocks as `(byte offset, byte length)`, sorted by offset.
+    pub fn free_ranges(&self) -> Vec<(u64, u64)> {
+        let mut v: Vec<(u64, u64)> = self
+            .free_lists
+            .iter()
+            .enumerate()
+            .flat_map(|(o, set)| set.iter().map(move |&u| (u << MIN_SHIFT, MIN_BLOCK << o)))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The live blocks as `(byte offset, byte length)`, sorted by offset.
+    pub fn live_ranges(&self) -> Vec<(u64, u64)> {
+        let mut v: Vec<(u64, u64)> = self
+            .live
+            .iter()
+            .map(|(&u, &n)| (u << MIN_SHIFT, n << MIN_SHIFT))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Check every structural invariant; returns a description of the first violation. O(len / 512)
+    /// for the bitmap scan: meant for tests and debugging.
+    pub fn check(&self) -> Result<(), String> {
+        let mut mask = 0u64;
+        for (o, set) in self.free_lists.iter().enumerate() {
+            if !set.is_empty() {
+                mask |= 1 << o;
+            }
+            if set.len() != self.free_bits[o].count_ones() {
+                return Err(format!("order {o}: list has {} blocks, bitmap {}", set.len(), self.free_bits[o].count_ones()));
+            }
+            for &off in set {
+                if off & ((1u64 << o) - 1) != 0 {
+                    return Err(format!("order {o}: free block at unit {off} misaligned"));
+                }
+                if !self.free_bits[o][(off >> o) as usize] {
+                    return Err(format!("order {o}: free block at unit {off} missing from bitmap"));
+                }
+                if o < self.max_order as usize {
+                    let buddy = off ^ (1u64 << o);
+                    if self.free_bits[o][(buddy >> o) as usize] {
+                        return Err(format!("order {o}: free buddies {off} and {buddy} not coalesced"));
+                    }
+                }
+            }
+        }
+        if mask != self.nonempty {
+            return Err(format!("nonempty mask {:#x}, lists say {mask:#x}", self.nonempty));
+        }
+        // Free and live ranges must tile [0, len) exactly.
+        let mut all = self.free_ranges();
+        all.extend(self.live_ranges());
+        all.sort_unstable();
+        let mut at = 0;
+        for (off, len) in all {
+            if off != at {
+                return Err(format!("gap or overlap at byte {at:#x} (next range starts at {off:#x})"));
+            }
+            at = off + len;
+        }
+        if at != self.len {
+            return Err(format!("ranges end at {at:#x}, core is {:#x}", self.len));
+        }
+        let live: u64 = self.live.values().sum();
+        if live != self.live_units {
+            return Err(format!("live units {} recorded, {live} in blocks", self.live_units));
+        }
+        Ok(())
+    }
+}
+
+/// Smallest `k` with `2^k >= n` (`n >= 1`).
+fn ceil_log2(n: u64) -> u32 {
+    if n <= 1 {
+        0
+    } else {
+        64 - (n - 1).leading_zeros()
+    }
+}
