@@ -16,6 +16,10 @@
 
 use std::fmt;
 
+pub mod sim;
+
+pub use sim::{CallKind, SimCalls, SimConfig, SimDevice, SimOutstanding};
+
 /// A device virtual address.
 pub type DevicePtr = u64;
 /// A stream handle as an integer (`CUstream` cast to `u64`; 0 is the legacy default stream).
@@ -173,7 +177,8 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// Destroy a pool (`cuMemPoolDestroy`).
     fn pool_destroy(&self, pool: PoolHandle) -> Result<()>;
     /// Stream-ordered allocation from `pool` on `stream` (`cuMemAllocFromPoolAsync`).
-    fn pool_alloc_async(&self, pool: PoolHandle, bytes: u64, stream: StreamId) -> Result<DevicePtr>;
+    fn pool_alloc_async(&self, pool: PoolHandle, bytes: u64, stream: StreamId)
+        -> Result<DevicePtr>;
     /// Stream-ordered free on `stream` (`cuMemFreeAsync`).
     fn pool_free_async(&self, ptr: DevicePtr, stream: StreamId) -> Result<()>;
     /// Release unused pool memory down to `keep` bytes (`cuMemPoolTrimTo`).
