@@ -307,3 +307,155 @@ fn ceil_log2(n: u64) -> u32 {
         64 - (n - 1).leading_zeros()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const U: u64 = MIN_BLOCK;
+
+    /// A tiny deterministic PRNG (xorshift64*), so the stress test needs no dependency and runs under Miri.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    #[test]
+    fn rejects_bad_lengths() {
+        for len in [0, 1, 511, 3 * U, 1 << 63] {
+            assert_eq!(BuddyCore::new(len).unwrap_err(), CoreError::BadLength(len));
+        }
+        assert!(BuddyCore::new(U).is_ok());
+    }
+
+    #[test]
+    fn round_size_rounds_and_rejects() {
+        assert_eq!(round_size(0), None);
+        assert_eq!(round_size(1), Some(U));
+        assert_eq!(round_size(U), Some(U));
+        assert_eq!(round_size(U + 1), Some(2 * U));
+        assert_eq!(round_size(u64::MAX), None);
+    }
+
+    #[test]
+    fn exact_fit_gives_back_the_tail() {
+        let mut c = BuddyCore::new(8 * U).unwrap();
+        // 3 units: takes the order-3 block at 0, keeps [0, 3), frees 1 unit at 3 and 4 units at 4.
+        assert_eq!(c.alloc(3 * U - 100), Some(0));
+        assert_eq!(c.free_ranges(), vec![(3 * U, U), (4 * U, 4 * U)]);
+        assert_eq!(c.live_bytes(), 3 * U);
+        c.check().unwrap();
+        // A 1-unit request takes the order-0 tail piece (smallest order first), not the 4-unit block.
+        assert_eq!(c.alloc(1), Some(3 * U));
+        // 4 units fill the rest exactly; then nothing fits.
+        assert_eq!(c.alloc(4 * U), Some(4 * U));
+        assert_eq!(c.alloc(1), None);
+        assert_eq!(c.largest_free(), 0);
+        assert_eq!(c.fit_order(1), None);
+        c.check().unwrap();
+        // Freeing everything coalesces back to one maximal block.
+        assert_eq!(c.free(3 * U), Some(U));
+        assert_eq!(c.free(0), Some(3 * U));
+        assert_eq!(c.free(4 * U), Some(4 * U));
+        assert!(c.is_empty());
+        assert_eq!(c.free_ranges(), vec![(0, 8 * U)]);
+        c.check().unwrap();
+    }
+
+    #[test]
+    fn odd_sizes_decompose_into_aligned_pieces() {
+        let mut c = BuddyCore::new(64 * U).unwrap();
+        // 37 units = 32 + 4 + 1; the tail [37, 64) is 1@37, 2@38, 8@40, 16@48.
+        assert_eq!(c.alloc(37 * U), Some(0));
+        assert_eq!(c.free_ranges(), vec![(37 * U, U), (38 * U, 2 * U), (40 * U, 8 * U), (48 * U, 16 * U)]);
+        c.check().unwrap();
+        assert_eq!(c.free(0), Some(37 * U));
+        assert_eq!(c.free_ranges(), vec![(0, 64 * U)]);
+    }
+
+    #[test]
+    fn invalid_frees_change_nothing() {
+        let mut c = BuddyCore::new(16 * U).unwrap();
+        let a = c.alloc(2 * U).unwrap();
+        let before = (c.free_ranges(), c.live_ranges());
+        for bad in [a + 1, a + U, 8 * U, 15 * U, 1 << 40, u64::MAX] {
+            assert_eq!(c.free(bad), None, "free({bad:#x})");
+        }
+        assert_eq!((c.free_ranges(), c.live_ranges()), before);
+        assert_eq!(c.free(a), Some(2 * U));
+        assert_eq!(c.free(a), None, "double free");
+        c.check().unwrap();
+    }
+
+    #[test]
+    fn zero_and_oversize_requests_fail() {
+        let mut c = BuddyCore::new(4 * U).unwrap();
+        assert_eq!(c.alloc(0), None);
+        assert_eq!(c.alloc(4 * U + 1), None);
+        assert_eq!(c.alloc(u64::MAX), None);
+        assert_eq!(c.alloc(4 * U), Some(0));
+        c.check().unwrap();
+    }
+
+    #[test]
+    fn prefers_low_addresses_within_an_order() {
+        let mut c = BuddyCore::new(16 * U).unwrap();
+        let blocks: Vec<u64> = (0..16).map(|_| c.alloc(U).unwrap()).collect();
+        assert_eq!(blocks, (0..16).map(|i| i * U).collect::<Vec<_>>());
+        // Free two single units far apart; the next request takes the lower one.
+        c.free(11 * U).unwrap();
+        c.free(5 * U).unwrap();
+        assert_eq!(c.alloc(U), Some(5 * U));
+        c.check().unwrap();
+    }
+
+    /// Random alloc/free against a model of live ranges: no overlap, alignment, exact sizes, structure.
+    #[test]
+    fn random_stress_against_model() {
+        let (rounds, len) = if cfg!(miri) { (300, 256 * U) } else { (20_000, 4096 * U) };
+        let mut c = BuddyCore::new(len).unwrap();
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let mut live: Vec<(u64, u64)> = Vec::new();
+        for i in 0..rounds {
+            if live.is_empty() || rng.below(100) < 55 {
+                let max = if rng.below(4) == 0 { len / 4 } else { 16 * U };
+                let size = 1 + rng.below(max);
+                let rounded = round_size(size).unwrap();
+                match c.alloc(size) {
+                    Some(off) => {
+                        assert_eq!(off % U, 0);
+                        assert!(off + rounded <= len);
+                        assert!(live.iter().all(|&(o, s)| off + rounded <= o || o + s <= off), "overlap");
+                        assert_eq!(c.block_size(off), Some(rounded));
+                        live.push((off, rounded));
+                    }
+                    None => {
+                        // Exact fit needs a power-of-two block of >= rounded; none may exist.
+                        assert!(c.largest_free() < rounded, "alloc failed with a large enough free block");
+                    }
+                }
+            } else {
+                let (off, size) = live.swap_remove(rng.below(live.len() as u64) as usize);
+                assert_eq!(c.free(off), Some(size));
+            }
+            assert_eq!(c.live_bytes(), live.iter().map(|&(_, s)| s).sum::<u64>());
+            assert_eq!(c.live_blocks(), live.len());
+            if i % if cfg!(miri) { 50 } else { 500 } == 0 {
+                c.check().unwrap();
+            }
+        }
+        for (off, size) in live.drain(..) {
+            assert_eq!(c.free(off), Some(size));
+        }
+        c.check().unwrap();
+        assert_eq!(c.free_ranges(), vec![(0, len)]);
+    }
+}

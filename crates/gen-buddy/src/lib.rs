@@ -47,12 +47,6 @@ pub enum BuddyError {
         /// Pages that would have to be created.
         pages: u64,
     },
-    /// The page pool or the device cannot provide the memory.
-    #[error("out of device memory: {requested} bytes requested")]
-    OutOfMemory {
-        /// Bytes of physical memory (or VA) that could not be obtained.
-        requested: u64,
-    },
     /// A size of 0, or one too large to represent after rounding.
     #[error("invalid allocation size {0}")]
     InvalidSize(u64),
@@ -69,7 +63,8 @@ pub enum BuddyError {
     /// A configuration the tier cannot work with.
     #[error("invalid buddy configuration: {0}")]
     InvalidConfig(String),
-    /// Any other error of the page layer.
+    /// Any other error of the page layer, passed through unchanged (out of memory included:
+    /// [`VmmError::OutOfMemory`], or a device error with [`gen_device::DeviceError::is_oom`]).
     #[error(transparent)]
     Vmm(VmmError),
 }
@@ -78,14 +73,6 @@ impl From<VmmError> for BuddyError {
     fn from(e: VmmError) -> Self {
         match e {
             VmmError::WouldGrow { pages } => BuddyError::WouldGrow { pages },
-            VmmError::OutOfMemory { requested, .. } => BuddyError::OutOfMemory { requested },
-            VmmError::Device(d) if d.is_oom() => {
-                let requested = match d {
-                    gen_device::DeviceError::OutOfMemory { requested, .. } => requested,
-                    _ => 0,
-                };
-                BuddyError::OutOfMemory { requested }
-            }
             other => BuddyError::Vmm(other),
         }
     }

@@ -35,12 +35,6 @@ pub enum ExtentError {
         /// Pages that would have to be created.
         pages: u64,
     },
-    /// The page pool or the device cannot provide the memory.
-    #[error("out of device memory: {requested} bytes requested")]
-    OutOfMemory {
-        /// Bytes of physical memory that could not be obtained.
-        requested: u64,
-    },
     /// No free extent of the arena's address range is large enough.
     #[error("extent arena address space exhausted: {requested} bytes requested, largest free extent {largest_free}")]
     OutOfAddressSpace {
@@ -62,7 +56,8 @@ pub enum ExtentError {
     /// A configuration the arena cannot work with.
     #[error("invalid extent arena configuration: {0}")]
     InvalidConfig(String),
-    /// Any other error of the page layer.
+    /// Any other error of the page layer, passed through unchanged (out of memory included:
+    /// [`VmmError::OutOfMemory`], or a device error with [`gen_device::DeviceError::is_oom`]).
     #[error(transparent)]
     Vmm(VmmError),
 }
@@ -71,10 +66,6 @@ impl From<VmmError> for ExtentError {
     fn from(e: VmmError) -> Self {
         match e {
             VmmError::WouldGrow { pages } => ExtentError::WouldGrow { pages },
-            VmmError::OutOfMemory { requested, .. } => ExtentError::OutOfMemory { requested },
-            VmmError::Device(gen_device::DeviceError::OutOfMemory { requested, .. }) => {
-                ExtentError::OutOfMemory { requested }
-            }
             other => ExtentError::Vmm(other),
         }
     }
@@ -84,14 +75,14 @@ impl From<VmmError> for ExtentError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExtentConfig {
     /// Bytes of VA to reserve; 0 = twice the device's total memory.
-    pub va_len: u64,
+    pub va_bytes: u64,
     /// Name given to the region (errors, stats).
     pub name: &'static str,
 }
 
 impl Default for ExtentConfig {
     fn default() -> Self {
-        ExtentConfig { va_len: 0, name: "gen-extent" }
+        ExtentConfig { va_bytes: 0, name: "gen-extent" }
     }
 }
 
@@ -146,19 +137,19 @@ impl std::fmt::Debug for ExtentArena {
 }
 
 impl ExtentArena {
-    /// An arena reserving `cfg.va_len` bytes of VA (0 = twice the device's memory) from `pool`'s device.
+    /// An arena reserving `cfg.va_bytes` bytes of VA (0 = twice the device's memory) from `pool`'s device.
     pub fn new(pool: &Arc<PagePool>, cfg: ExtentConfig) -> Result<Self, ExtentError> {
         let page = pool.page_size();
-        let want = if cfg.va_len == 0 {
+        let want = if cfg.va_bytes == 0 {
             pool.device().props().total_mem.saturating_mul(2)
         } else {
-            cfg.va_len
+            cfg.va_bytes
         };
-        let va_len = want
+        let va_bytes = want
             .checked_next_multiple_of(page.max(1))
             .filter(|&l| l >= MIN_BLOCK)
-            .ok_or_else(|| ExtentError::InvalidConfig(format!("va_len {want:#x} unusable with page {page:#x}")))?;
-        let region = Region::new(pool, va_len, cfg.name)?;
+            .ok_or_else(|| ExtentError::InvalidConfig(format!("va_bytes {want:#x} unusable with page {page:#x}")))?;
+        let region = Region::new(pool, va_bytes, cfg.name)?;
         let (base, len) = (region.base(), region.len());
         Ok(ExtentArena {
             region,
