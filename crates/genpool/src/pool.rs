@@ -150,13 +150,25 @@ impl Pool {
             other => tier_err(other),
         })?;
         let page = pages.page_size();
-        let mut ccfg = ClassifierConfig::default();
+        let defaults = ClassifierConfig::default();
+        let mut short = defaults.short_horizon();
+        let mut mid = defaults.mid_horizon();
         if cfg.short_horizon > 0 {
-            ccfg.short_horizon = cfg.short_horizon;
+            short.allocs = cfg.short_horizon;
         }
         if cfg.mid_horizon > 0 {
-            ccfg.mid_horizon = cfg.mid_horizon;
+            mid.allocs = cfg.mid_horizon;
         }
+        let ccfg = ClassifierConfig::builder()
+            .short_horizon(short)
+            .mid_horizon(mid)
+            .use_site(cfg.use_site)
+            .build()
+            .map_err(|e| crate::config::ConfigError::BadValue {
+                key: "short_horizon/mid_horizon".into(),
+                value: format!("{}/{}", short.allocs, mid.allocs),
+                reason: e.to_string(),
+            })?;
         let classifier = Classifier::new(ccfg);
         let slab = Slab::new(
             &pages,
@@ -184,7 +196,7 @@ impl Pool {
         } else {
             None
         };
-        let cache_cfg = StreamCacheConfig { max_bytes: cfg.cache_max_bytes, ..StreamCacheConfig::default() };
+        let cache_cfg = StreamCacheConfig { max_cached_bytes: cfg.cache_max_bytes, ..StreamCacheConfig::default() };
         Ok(Pool {
             extent_cache: StreamCache::new(device.clone(), cache_cfg.clone()),
             buddy_cache: StreamCache::new(device.clone(), cache_cfg),
@@ -354,7 +366,7 @@ impl Pool {
                 let sp = self.stream.as_ref().expect("stream tier routed only when present");
                 match sp.alloc(size, stream) {
                     Ok(p) => Attempt::Ok(p),
-                    Err(e) if e.is_oom() => Attempt::Oom,
+                    Err(gen_stream::StreamError::Device(d)) if d.is_oom() => Attempt::Oom,
                     Err(e) => Attempt::Err(tier_err(e)),
                 }
             }
@@ -471,14 +483,14 @@ impl Pool {
 
     /// Bytes held from the device now: physical pages of every tier plus the driver pool's reservation.
     pub fn reserved_now(&self) -> u64 {
-        let pool = self.stream.as_ref().map_or(0, |s| s.stats().reserved_current);
+        let pool = self.stream.as_ref().and_then(|s| s.stats().pool).map_or(0, |u| u.reserved_current);
         self.pages.stats().bytes_held() + pool
     }
 
     /// Peak bytes held from the device. With the stream tier in use this is the sum of the page pool's
     /// peak and the driver pool's reserved-high — an upper bound of the true peak (never less).
     pub fn reserved_peak(&self) -> u64 {
-        let pool = self.stream.as_ref().map_or(0, |s| s.stats().reserved_high);
+        let pool = self.stream.as_ref().and_then(|s| s.stats().pool).map_or(0, |u| u.reserved_high);
         self.pages.stats().bytes_peak() + pool
     }
 
@@ -522,10 +534,11 @@ impl Pool {
                 let s = self.buddy.stats();
                 (s.committed_bytes, s.peak_committed_bytes)
             }
-            Tier::Stream => self.stream.as_ref().map_or((0, 0), |s| {
-                let st = s.stats();
-                (st.reserved_current, st.reserved_high)
-            }),
+            Tier::Stream => self
+                .stream
+                .as_ref()
+                .and_then(|s| s.stats().pool)
+                .map_or((0, 0), |u| (u.reserved_current, u.reserved_high)),
         }
     }
 
