@@ -459,6 +459,49 @@ impl StreamCache {
     /// after every other block has been handed back. `f` runs with no lock of this cache held.
     pub fn drain(&self, f: &mut dyn FnMut(DevicePtr, u64)) -> Result<u64, DeviceError> {
         let transition = self.transition.lock();
+        let groups = self.extract_all();
+        // Synchronize each stream that has blocks once.
+        let mut streams: Vec<StreamId> = groups.iter().filter_map(|g| g.stream).collect();
+        streams.sort_unstable();
+        streams.dedup();
+        let mut failed: Vec<StreamId> = Vec::new();
+        let mut first_err = None;
+        for &s in &streams {
+            self.syncs.fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = self.device.stream_synchronize(s) {
+                self.record_error(e.clone());
+                first_err.get_or_insert(e);
+                failed.push(s);
+            }
+        }
+        // Put back what could not be made safe; keep the rest.
+        let mut out = Vec::with_capacity(groups.len());
+        for g in groups {
+            match g.stream {
+                Some(s) if failed.contains(&s) => self.restore(g),
+                _ => out.push(g),
+            }
+        }
+        drop(transition);
+        let bytes = self.hand_back(out, &mut |p, size, _| f(p, size));
+        first_err.map_or(Ok(bytes), Err)
+    }
+
+    /// Hand every cached block to `f(ptr, size, stream)` as it is, with no device call: `stream` is
+    /// `Some(s)` when work queued on `s` (the stream it was freed on) may still use the block, `None`
+    /// when it is idle. The caller must release a `Some(s)` block in `s`'s order (e.g.
+    /// `pool_free_async(ptr, s)`) or wait for `s` first. Returns the bytes handed back. `f` runs with no
+    /// lock of this cache held.
+    pub fn drain_unsynced(&self, f: &mut dyn FnMut(DevicePtr, u64, Option<StreamId>)) -> u64 {
+        let groups = {
+            let _t = self.transition.lock();
+            self.extract_all()
+        };
+        self.hand_back(groups, f)
+    }
+
+    /// Pulls every block out of every shard. Called with `transition` held.
+    fn extract_all(&self) -> Vec<Group> {
         let mut groups = Vec::new();
         for (si, shard) in self.shards.iter().enumerate() {
             let mut guard = shard.lock();
@@ -493,42 +536,30 @@ impl StreamCache {
             }
             guard.prune();
         }
-        // Synchronize each stream that has blocks once.
-        let mut streams: Vec<StreamId> = groups.iter().filter_map(|g| g.stream).collect();
-        streams.sort_unstable();
-        streams.dedup();
-        let mut failed: Vec<StreamId> = Vec::new();
-        let mut first_err = None;
-        for &s in &streams {
-            self.syncs.fetch_add(1, Ordering::Relaxed);
-            if let Err(e) = self.device.stream_synchronize(s) {
-                self.record_error(e.clone());
-                first_err.get_or_insert(e);
-                failed.push(s);
-            }
-        }
-        // Put back what could not be made safe; keep the rest.
-        let mut out = Vec::with_capacity(groups.len());
-        for g in groups {
-            match g.stream {
-                Some(s) if failed.contains(&s) => self.restore(g),
-                _ => out.push(g),
-            }
-        }
-        drop(transition);
+        groups
+    }
+
+    /// Gives extracted groups to `f`, uncounts their bytes and recycles their events.
+    fn hand_back(
+        &self,
+        groups: Vec<Group>,
+        f: &mut dyn FnMut(DevicePtr, u64, Option<StreamId>),
+    ) -> u64 {
         let mut bytes = 0u64;
         let mut idle_events = Vec::new();
-        for g in out {
+        for g in groups {
             for &p in &g.ptrs {
-                f(p, g.size);
+                f(p, g.size, g.stream);
             }
             let n = g.size.saturating_mul(g.ptrs.len() as u64);
             self.cached.fetch_sub(n, Ordering::Relaxed);
             bytes = bytes.saturating_add(n);
+            // Re-recording an event whose last record has not completed is allowed (the new record
+            // replaces it), so pending events can be reused at once.
             idle_events.extend(g.event);
         }
         self.events.lock().extend(idle_events);
-        first_err.map_or(Ok(bytes), Err)
+        bytes
     }
 
     /// Puts a group pulled out by `drain` or the one-stream shortcut back where it came from.

@@ -97,8 +97,8 @@ struct MapShard {
 /// - A map of every block the tier holds (live or cached: `ptr → size, stream`) answers
 ///   [`owns`](Self::owns) and turns unknown and double frees into [`StreamError::InvalidFree`].
 ///
-/// Dropping the pool destroys it (`cuMemPoolDestroy`; the driver releases the memory once outstanding
-/// stream work is done): every block it handed out becomes invalid. [`close`](Self::close) does the same
+/// Dropping the pool frees its cached blocks into it and destroys it (`cuMemPoolDestroy`; the driver
+/// releases the memory once outstanding stream work is done): free every live block first. [`close`](Self::close) does the same
 /// and returns the errors that `Drop` can only log.
 pub struct StreamPool {
     device: Arc<dyn Device>,
@@ -275,41 +275,16 @@ impl StreamPool {
         g.blocks.get(&ptr).filter(|b| !b.cached).map(|b| b.size)
     }
 
-    /// Return cached memory to the driver: drain the cache (each block made idle first), free every
-    /// block into the pool on the stream it was freed on, wait for those frees, then
-    /// `pool_trim(keep)`. Returns the bytes drained from the cache.
+    /// Return cached memory to the driver: every cached block is freed into the pool on the stream it
+    /// was freed on (`pool_free_async`, stream-ordered, so no wait is needed first), those streams are
+    /// synchronized so that the frees have executed, then `pool_trim(keep)`. Returns the bytes taken
+    /// out of the cache.
     ///
     /// Errors are returned after the whole sequence ran as far as it could.
     pub fn trim(&self, keep: u64) -> Result<u64, StreamError> {
         self.trims.fetch_add(1, Ordering::Relaxed);
-        let mut streams: Vec<StreamId> = Vec::new();
         let mut first_err: Option<DeviceError> = None;
-        let drained = {
-            let mut give_back = |ptr: DevicePtr, _size: u64| {
-                let stream = self.shard(ptr).lock().blocks.remove(&ptr).map(|b| b.stream);
-                // A cached block is always in the map; fall back to the default stream regardless.
-                let stream = stream.unwrap_or(0);
-                match self.device.pool_free_async(ptr, stream) {
-                    Ok(()) => {
-                        self.pool_frees.fetch_add(1, Ordering::Relaxed);
-                        if !streams.contains(&stream) {
-                            streams.push(stream);
-                        }
-                    }
-                    Err(e) => {
-                        first_err.get_or_insert(e);
-                    }
-                }
-            };
-            self.cache.drain(&mut give_back)
-        };
-        let drained = match drained {
-            Ok(b) => b,
-            Err(e) => {
-                first_err.get_or_insert(e);
-                0
-            }
-        };
+        let (drained, streams) = self.release_cached(&mut first_err);
         // The frees are stream-ordered: the pool can only release them once they have executed.
         for s in streams {
             if let Err(e) = self.device.stream_synchronize(s) {
@@ -326,6 +301,30 @@ impl StreamPool {
                 Err(e.into())
             }
         }
+    }
+
+    /// Frees every cached block into the pool on the stream it was last freed on. Returns the bytes
+    /// released and the streams used; the first failure goes to `first_err`.
+    fn release_cached(&self, first_err: &mut Option<DeviceError>) -> (u64, Vec<StreamId>) {
+        let mut streams: Vec<StreamId> = Vec::new();
+        let mut give_back = |ptr: DevicePtr, _size: u64, pending_on: Option<StreamId>| {
+            let recorded = self.shard(ptr).lock().blocks.remove(&ptr).map(|b| b.stream);
+            // A cached block is always in the map; it records the stream of its free.
+            let stream = recorded.or(pending_on).unwrap_or(0);
+            match self.device.pool_free_async(ptr, stream) {
+                Ok(()) => {
+                    self.pool_frees.fetch_add(1, Ordering::Relaxed);
+                    if !streams.contains(&stream) {
+                        streams.push(stream);
+                    }
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        };
+        let drained = self.cache.drain_unsynced(&mut give_back);
+        (drained, streams)
     }
 
     /// Current figures. Makes one `pool_usage` driver call.
@@ -378,8 +377,14 @@ impl StreamPool {
             return Ok(());
         }
         self.destroyed = true;
-        self.device.pool_destroy(self.pool)?;
-        Ok(())
+        // Cached blocks are live to the driver: free them (stream-ordered) before destroying.
+        let mut first_err = None;
+        self.release_cached(&mut first_err);
+        let destroyed = self.device.pool_destroy(self.pool);
+        match (first_err, destroyed) {
+            (Some(e), _) | (None, Err(e)) => Err(e.into()),
+            (None, Ok(())) => Ok(()),
+        }
     }
 }
 
