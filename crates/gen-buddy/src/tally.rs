@@ -60,3 +60,33 @@ impl PageTally {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    fn union(blocks: &[(u64, u64)], page: u64) -> u64 {
+        let pages: BTreeSet<u64> = blocks.iter().flat_map(|&(o, l)| o / page..=(o + l - 1) / page).collect();
+        pages.len() as u64
+    }
+
+    #[test]
+    fn matches_the_union_of_pages() {
+        let page = 4096;
+        let blocks = [(0, 512), (512, 512), (1024, 8192), (9216, 512), (20480, 4096), (30000, 20000)];
+        let mut t = PageTally::new(page);
+        for (i, &(o, l)) in blocks.iter().enumerate() {
+            t.add(o, l);
+            assert_eq!(t.pages(), union(&blocks[..=i], page), "after adding {i}");
+        }
+        let mut rest = blocks.to_vec();
+        for i in [2, 0, 5, 1, 4, 3] {
+            t.remove(blocks[i].0, blocks[i].1);
+            rest.retain(|&b| b != blocks[i]);
+            assert_eq!(t.pages(), union(&rest, page), "after removing {i}");
+        }
+        assert_eq!(t.pages(), 0);
+        assert!(t.boundary.is_empty());
+    }
+}

@@ -173,3 +173,122 @@ impl ExtentCore {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const U: u64 = MIN_BLOCK;
+
+    /// A tiny deterministic PRNG (xorshift64*), so the stress test needs no dependency and runs under Miri.
+    struct Rng(u64);
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+        }
+    }
+
+    #[test]
+    fn best_fit_prefers_smallest_then_lowest() {
+        let mut c = ExtentCore::new(100 * U);
+        let a: Vec<u64> = [10, 3, 10, 5, 10, 3, 10].iter().map(|&n| c.alloc(n * U).unwrap()).collect();
+        assert_eq!(a, vec![0, 10 * U, 13 * U, 23 * U, 28 * U, 38 * U, 41 * U]);
+        // Holes of 3, 5, 3 units (at 10, 23, 38) and the 49-unit tail at 51.
+        c.free(a[1]).unwrap();
+        c.free(a[3]).unwrap();
+        c.free(a[5]).unwrap();
+        c.check().unwrap();
+        assert_eq!(c.alloc(3 * U), Some(10 * U), "smallest fit, lowest address");
+        assert_eq!(c.alloc(2 * U), Some(38 * U), "the remaining 3-unit hole beats the 5-unit one");
+        assert_eq!(c.alloc(4 * U), Some(23 * U));
+        // The 4-unit block left one unit of the 5-unit hole, which now serves a 1-unit request.
+        assert_eq!(c.alloc(1), Some(27 * U));
+        assert_eq!(c.alloc(6 * U), Some(51 * U), "only the tail fits");
+        c.check().unwrap();
+    }
+
+    #[test]
+    fn free_coalesces_both_sides() {
+        let mut c = ExtentCore::new(30 * U);
+        let a = c.alloc(10 * U).unwrap();
+        let b = c.alloc(10 * U).unwrap();
+        let d = c.alloc(10 * U).unwrap();
+        assert_eq!(c.free_extents(), 0);
+        assert_eq!(c.alloc(1), None);
+        c.free(a).unwrap();
+        c.free(d).unwrap();
+        assert_eq!(c.free_extents(), 2);
+        assert_eq!(c.free(b), Some(10 * U));
+        assert_eq!(c.free_ranges(), vec![(0, 30 * U)]);
+        assert_eq!(c.largest_free(), 30 * U);
+        c.check().unwrap();
+    }
+
+    #[test]
+    fn invalid_frees_change_nothing() {
+        let mut c = ExtentCore::new(64 * U);
+        let a = c.alloc(4 * U).unwrap();
+        let before = (c.free_ranges(), c.live_ranges());
+        for bad in [a + 1, a + U, 4 * U, 63 * U, u64::MAX] {
+            assert_eq!(c.free(bad), None, "free({bad:#x})");
+        }
+        assert_eq!((c.free_ranges(), c.live_ranges()), before);
+        assert_eq!(c.free(a), Some(4 * U));
+        assert_eq!(c.free(a), None, "double free");
+        c.check().unwrap();
+    }
+
+    #[test]
+    fn degenerate_sizes() {
+        let mut c = ExtentCore::new(4 * U + 100);
+        assert_eq!(c.len(), 4 * U, "length rounds down to 512 B");
+        assert_eq!(c.alloc(0), None);
+        assert_eq!(c.alloc(u64::MAX), None);
+        assert_eq!(c.alloc(4 * U + 1), None);
+        assert_eq!(c.alloc(4 * U), Some(0));
+        let mut empty = ExtentCore::new(100);
+        assert_eq!(empty.alloc(1), None);
+        empty.check().unwrap();
+    }
+
+    /// Random alloc/free against a model of live ranges: no overlap, alignment, exact sizes, structure,
+    /// and best fit (a failed request means no free extent was large enough).
+    #[test]
+    fn random_stress_against_model() {
+        let (rounds, len) = if cfg!(miri) { (300, 512 * U) } else { (20_000, 8192 * U) };
+        let mut c = ExtentCore::new(len);
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        let mut live: Vec<(u64, u64)> = Vec::new();
+        for i in 0..rounds {
+            if live.is_empty() || rng.below(100) < 55 {
+                let max = if rng.below(4) == 0 { len / 8 } else { 32 * U };
+                let size = 1 + rng.below(max);
+                let rounded = round_size(size).unwrap();
+                let best = c.free_ranges().into_iter().filter(|&(_, s)| s >= rounded).min_by_key(|&(o, s)| (s, o));
+                match c.alloc(size) {
+                    Some(off) => {
+                        assert_eq!(Some(off), best.map(|(o, _)| o), "not the best fit");
+                        assert!(live.iter().all(|&(o, s)| off + rounded <= o || o + s <= off), "overlap");
+                        live.push((off, rounded));
+                    }
+                    None => assert_eq!(best, None, "alloc failed with a large enough free extent"),
+                }
+            } else {
+                let (off, size) = live.swap_remove(rng.below(live.len() as u64) as usize);
+                assert_eq!(c.free(off), Some(size));
+            }
+            assert_eq!(c.live_bytes(), live.iter().map(|&(_, s)| s).sum::<u64>());
+            if i % if cfg!(miri) { 50 } else { 500 } == 0 {
+                c.check().unwrap();
+            }
+        }
+        for (off, size) in live.drain(..) {
+            assert_eq!(c.free(off), Some(size));
+        }
+        c.check().unwrap();
+        assert_eq!(c.free_ranges(), vec![(0, len)]);
+    }
+}
