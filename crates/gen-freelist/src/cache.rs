@@ -1,0 +1,446 @@
+//! Per-thread caches in front of a [`FreeList`]: [`LocalCache`] (single owner, no atomics on its fast path)
+//! and [`FrontCache`] (shared, one bounded stack per shard, each on its own cache line).
+
+use std::cell::Cell;
+
+use crossbeam_utils::CachePadded;
+
+use crate::freelist::FreeList;
+use crate::links::{check_all, pack, tagged_pop, tagged_push_chain, unpack, NIL};
+use crate::sync::{AtomicU64, Ordering};
+use crate::FreeListError;
+
+/// A bounded, single-owner cache of up to `N` free slots in front of a shared [`FreeList`].
+///
+/// [`pop`](Self::pop) and [`push`](Self::push) work on a plain array (no atomic operation, no allocation);
+/// only an empty cache refills (`N / 2` pops from the list) and only a full one spills (its older `N / 2`
+/// slots go back with one [`FreeList::push_chain`]), so a thread that frees and reallocates touches the
+/// shared list once per `N / 2` operations at most. The cache is [`CachePadded`] so that caches of
+/// different threads stored side by side never share a cache line.
+///
+/// Dropping the cache (or [`flush`](Self::flush)) returns every cached slot to the list. The cache holds a
+/// `&FreeList`, so it is typically created by each thread over a list it shares with others (`Send`, not
+/// `Sync`: one owner at a time). `N` must be at least 2 (checked at compile time).
+pub struct LocalCache<'a, const N: usize = 64> {
+    list: &'a FreeList,
+    slots: CachePadded<Slots<N>>,
+}
+
+/// The cached slots: `idx[..len]`, the most recently pushed last.
+struct Slots<const N: usize> {
+    len: usize,
+    idx: [u32; N],
+}
+
+impl<'a, const N: usize> LocalCache<'a, N> {
+    /// An empty cache in front of `list`.
+    pub fn new(list: &'a FreeList) -> Self {
+        const { assert!(N >= 2, "a LocalCache needs room for at least 2 slots") };
+        Self {
+            list,
+            slots: CachePadded::new(Slots {
+                len: 0,
+                idx: [0; N],
+            }),
+        }
+    }
+
+    /// The shared list behind this cache.
+    #[inline]
+    pub fn list(&self) -> &'a FreeList {
+        self.list
+    }
+
+    /// How many slots the cache holds now (`0..=N`).
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.slots.len
+    }
+
+    /// Whether the cache holds no slot (the shared list may still have some).
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.slots.len == 0
+    }
+
+    /// A free slot: the most recently cached one, else one refilled from the list; `None` when both are
+    /// empty.
+    #[inline]
+    pub fn pop(&mut self) -> Option<u32> {
+        let s = &mut *self.slots;
+        if s.len > 0 {
+            s.len -= 1;
+            return Some(s.idx[s.len]);
+        }
+        self.refill()
+    }
+
+    /// Moves up to `N / 2` slots from the list into the (empty) cache and pops one of them.
+    #[cold]
+    fn refill(&mut self) -> Option<u32> {
+        let s = &mut *self.slots;
+        while s.len < N / 2 {
+            match self.list.pop() {
+                Some(idx) => {
+                    s.idx[s.len] = idx;
+                    s.len += 1;
+                }
+                None => break,
+            }
+        }
+        // Keep the list's order: the slot popped first from the list is popped first from the cache.
+        s.idx[..s.len].reverse();
+        if s.len == 0 {
+            return None;
+        }
+        s.len -= 1;
+        Some(s.idx[s.len])
+    }
+
+    /// Caches the free slot `idx` (owned by the caller), spilling the older half to the list when full.
+    ///
+    /// # Panics
+    /// If `idx >= list().capacity()`, checked here so that a bad index never reaches the list. Use
+    /// [`try_push`](Self::try_push) for untrusted indices.
+    #[inline]
+    pub fn push(&mut self, idx: u32) {
+        assert!(
+            (idx as usize) < self.list.capacity(),
+            "slot index {idx} out of range (capacity {})",
+            self.list.capacity()
+        );
+        self.push_checked(idx);
+    }
+
+    /// Caches the free slot `idx`, or reports it out of range.
+    ///
+    /// # Errors
+    /// [`FreeListError::IndexOutOfRange`] if `idx >= list().capacity()`; nothing is cached.
+    #[inline]
+    pub fn try_push(&mut self, idx: u32) -> Result<(), FreeListError> {
+        check_all(&[idx], self.list.capacity())?;
+        self.push_checked(idx);
+        Ok(())
+    }
+
+    #[inline]
+    fn push_checked(&mut self, idx: u32) {
+        if self.slots.len == N {
+            self.spill();
+        }
+        let s = &mut *self.slots;
+        s.idx[s.len] = idx;
+        s.len += 1;
+    }
+
+    /// Returns the older half of a full cache to the list with one CAS.
+    #[cold]
+    fn spill(&mut self) {
+        let s = &mut *self.slots;
+        let half = N / 2;
+        self.list.push_chain(&s.idx[..half]);
+        s.idx.copy_within(half..s.len, 0);
+        s.len -= half;
+    }
+
+    /// Returns every cached slot to the list (one CAS).
+    pub fn flush(&mut self) {
+        let s = &mut *self.slots;
+        self.list.push_chain(&s.idx[..s.len]);
+        s.len = 0;
+    }
+}
+
+impl<const N: usize> Drop for LocalCache<'_, N> {
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
+impl<const N: usize> std::fmt::Debug for LocalCache<'_, N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalCache")
+            .field("len", &self.len())
+            .field("bound", &N)
+            .field("list", self.list)
+            .finish()
+    }
+}
+
+/// The largest per-shard bound of a [`FrontCache`]: the shard's depth lives in 8 bits of its head word.
+pub const MAX_SHARD_CAPACITY: usize = COUNT_MASK as usize;
+
+/// Bits of a shard head's `meta` holding the depth; the other 24 hold the ABA tag.
+const COUNT_MASK: u32 = 0xFF;
+/// One step of the tag in a shard head's `meta`.
+const TAG_ONE: u32 = COUNT_MASK + 1;
+
+/// A shared ([`Sync`]) free list with a bounded front stack per shard, for allocators called through `&self`
+/// from many threads.
+///
+/// It is a [`FreeList`] (the *global* stack) plus `shards` more tagged Treiber stacks over the same slot
+/// links, each head on its own cache line and holding at most `shard_capacity` slots (its depth is packed
+/// in the head word next to the top index and a 24-bit tag). Each thread is given a home shard on its first
+/// call (round-robin), so with no more threads than shards a thread's pops and pushes are uncontended CASes
+/// on a cache line no other thread writes:
+///
+/// - [`push`](Self::push): onto the home shard; if it is full, onto the global stack.
+/// - [`pop`](Self::pop): from the home shard, else the global stack, else any other shard (stealing), so
+///   `None` means every stack was seen empty.
+///
+/// [`flush_shards`](Self::flush_shards) moves everything cached back to the global stack. The `*_at`
+/// variants take the shard explicitly (modulo the shard count), for callers that track their own.
+///
+/// ABA: a shard head carries a 24-bit tag, so a pop stalled between its read and its CAS fails safely
+/// unless exactly `2^24` operations on that one shard complete in between and leave the same top.
+pub struct FrontCache {
+    list: FreeList,
+    /// `(tag << 8 | depth) << 32 | top`.
+    shards: Box<[CachePadded<AtomicU64>]>,
+    shard_capacity: u32,
+}
+
+impl FrontCache {
+    /// An empty front cache for slots `0..capacity` with `shards` shards of at most `shard_capacity` slots.
+    ///
+    /// # Errors
+    /// [`FreeListError::NoShards`], [`FreeListError::ShardCapacity`] (outside `1..=MAX_SHARD_CAPACITY`), or
+    /// any error of [`FreeList::new`].
+    pub fn new(
+        capacity: usize,
+        shards: usize,
+        shard_capacity: usize,
+    ) -> Result<Self, FreeListError> {
+        Self::build(FreeList::new(capacity)?, shards, shard_capacity)
+    }
+
+    /// As [`new`](Self::new) but with every slot free, all on the global stack (pops `0, 1, 2, ...` while
+    /// the shards are empty).
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn new_full(
+        capacity: usize,
+        shards: usize,
+        shard_capacity: usize,
+    ) -> Result<Self, FreeListError> {
+        Self::build(FreeList::new_full(capacity)?, shards, shard_capacity)
+    }
+
+    fn build(list: FreeList, shards: usize, shard_capacity: usize) -> Result<Self, FreeListError> {
+        if shards == 0 {
+            return Err(FreeListError::NoShards);
+        }
+        if shard_capacity == 0 || shard_capacity > MAX_SHARD_CAPACITY {
+            return Err(FreeListError::ShardCapacity {
+                requested: shard_capacity,
+                max: MAX_SHARD_CAPACITY,
+            });
+        }
+        let mut heads = Vec::new();
+        heads
+            .try_reserve_exact(shards)
+            .map_err(|_| FreeListError::OutOfMemory { capacity: shards })?;
+        heads.extend((0..shards).map(|_| CachePadded::new(AtomicU64::new(pack(NIL, 0)))));
+        Ok(Self {
+            list,
+            shards: heads.into_boxed_slice(),
+            // Checked above: `shard_capacity <= 255`.
+            shard_capacity: shard_capacity as u32,
+        })
+    }
+
+    /// The number of slots (`0..capacity`).
+    #[inline]
+    pub fn capacity(&self) -> usize {
+        self.list.capacity()
+    }
+
+    /// The number of shards.
+    #[inline]
+    pub fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// The most slots one shard holds.
+    #[inline]
+    pub fn shard_capacity(&self) -> usize {
+        self.shard_capacity as usize
+    }
+
+    /// The global stack behind the shards. Popping from or pushing to it directly is allowed.
+    #[inline]
+    pub fn global(&self) -> &FreeList {
+        &self.list
+    }
+
+    /// The calling thread's home shard (assigned round-robin on first use, stable afterwards).
+    #[inline]
+    pub fn home_shard(&self) -> usize {
+        thread_hint() % self.shards.len()
+    }
+
+    /// A free slot, looking in the calling thread's shard, then the global stack, then the other shards.
+    #[inline]
+    pub fn pop(&self) -> Option<u32> {
+        self.pop_at(thread_hint())
+    }
+
+    /// As [`pop`](Self::pop) with home shard `shard % shard_count()`.
+    #[inline]
+    pub fn pop_at(&self, shard: usize) -> Option<u32> {
+        let n = self.shards.len();
+        let home = shard % n;
+        if let Some(idx) = self.shard_pop(home) {
+            return Some(idx);
+        }
+        self.pop_slow(home)
+    }
+
+    #[cold]
+    fn pop_slow(&self, home: usize) -> Option<u32> {
+        if let Some(idx) = self.list.pop() {
+            return Some(idx);
+        }
+        let n = self.shards.len();
+        (1..n).find_map(|k| self.shard_pop((home + k) % n))
+    }
+
+    /// Frees slot `idx` (owned by the caller) into the calling thread's shard, or the global stack when
+    /// that shard is full.
+    ///
+    /// # Panics
+    /// If `idx >= capacity()` (`debug_assert!` plus the bounds check). Use [`try_push`](Self::try_push) for
+    /// untrusted indices.
+    #[inline]
+    pub fn push(&self, idx: u32) {
+        self.push_at(thread_hint(), idx);
+    }
+
+    /// As [`push`](Self::push) into shard `shard % shard_count()`.
+    ///
+    /// # Panics
+    /// If `idx >= capacity()`.
+    #[inline]
+    pub fn push_at(&self, shard: usize, idx: u32) {
+        debug_assert!(
+            (idx as usize) < self.capacity(),
+            "slot index {idx} out of range (capacity {})",
+            self.capacity()
+        );
+        let head = &self.shards[shard % self.shards.len()];
+        let cap = self.shard_capacity;
+        let pushed = tagged_push_chain(head, self.list.links(), idx, idx, |meta| {
+            let depth = meta & COUNT_MASK;
+            (depth < cap).then(|| ((meta & !COUNT_MASK).wrapping_add(TAG_ONE)) | (depth + 1))
+        });
+        if !pushed {
+            self.list.push(idx);
+        }
+    }
+
+    /// Frees slot `idx`, or reports it out of range.
+    ///
+    /// # Errors
+    /// [`FreeListError::IndexOutOfRange`] if `idx >= capacity()`; nothing is pushed.
+    #[inline]
+    pub fn try_push(&self, idx: u32) -> Result<(), FreeListError> {
+        check_all(&[idx], self.capacity())?;
+        self.push(idx);
+        Ok(())
+    }
+
+    /// Pops from shard `s`.
+    #[inline]
+    fn shard_pop(&self, s: usize) -> Option<u32> {
+        tagged_pop(&self.shards[s], self.list.links(), |meta| {
+            let depth = (meta & COUNT_MASK).saturating_sub(1);
+            ((meta & !COUNT_MASK).wrapping_add(TAG_ONE)) | depth
+        })
+    }
+
+    /// Moves every slot cached in the shards to the global stack (one CAS per non-empty shard), e.g.
+    /// before trimming. Concurrent pushes may refill shards meanwhile.
+    pub fn flush_shards(&self) {
+        let links = self.list.links();
+        for head in self.shards.iter() {
+            // Detach the whole shard: top := NIL, depth := 0, tag + 1.
+            let mut cur = head.load(Ordering::Acquire);
+            let first = loop {
+                let (top, meta) = unpack(cur);
+                if top == NIL {
+                    break NIL;
+                }
+                let empty = pack(NIL, (meta & !COUNT_MASK).wrapping_add(TAG_ONE));
+                match head.compare_exchange_weak(cur, empty, Ordering::Acquire, Ordering::Acquire) {
+                    Ok(_) => break top,
+                    Err(actual) => cur = actual,
+                }
+            };
+            if first == NIL {
+                continue;
+            }
+            // The detached slots are ours now; find the bottom (at most `shard_capacity` links).
+            let mut last = first;
+            for _ in 0..self.shard_capacity {
+                let next = links[last as usize].load(Ordering::Relaxed);
+                if next == NIL {
+                    break;
+                }
+                last = next;
+            }
+            tagged_push_chain(self.list_head(), links, first, last, |tag| {
+                Some(tag.wrapping_add(1))
+            });
+        }
+    }
+
+    fn list_head(&self) -> &AtomicU64 {
+        self.list.head()
+    }
+
+    /// Whether every stack was empty when looked at (a racy snapshot).
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+            && self
+                .shards
+                .iter()
+                .all(|h| unpack(h.load(Ordering::Relaxed)).0 == NIL)
+    }
+
+    /// How many slots each shard holds now (a racy snapshot, for statistics and tests).
+    pub fn shard_depths(&self) -> impl Iterator<Item = usize> + '_ {
+        self.shards
+            .iter()
+            .map(|h| (unpack(h.load(Ordering::Relaxed)).1 & COUNT_MASK) as usize)
+    }
+}
+
+impl std::fmt::Debug for FrontCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FrontCache")
+            .field("capacity", &self.capacity())
+            .field("shards", &self.shard_count())
+            .field("shard_capacity", &self.shard_capacity)
+            .finish()
+    }
+}
+
+/// A per-thread number, assigned round-robin on the thread's first call: the thread's shard hint.
+#[inline]
+fn thread_hint() -> usize {
+    // A plain std counter: the hint only spreads threads, any value is correct.
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    thread_local! {
+        static HINT: Cell<usize> = const { Cell::new(usize::MAX) };
+    }
+    HINT.with(|h| {
+        let v = h.get();
+        if v != usize::MAX {
+            return v;
+        }
+        let v = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % (usize::MAX / 2);
+        h.set(v);
+        v
+    })
+}
