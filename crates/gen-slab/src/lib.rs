@@ -1,1 +1,972 @@
 //! Short-lived tier: size classes over device chunks with lock-free free lists.
+//!
+//! A [`Slab`] serves blocks of 1 B ..= [`SlabConfig::max_size`] (1 MiB by default) from size classes (see
+//! [`SizeClasses`] for the spacing and the waste bound: `class - size < max(512, size / 2^B)`, i.e. under
+//! 25 % with the default 4 classes per doubling). Every class owns a disjoint, power-of-two sized slice
+//! ("span") of one [`gen_vmm::Region`]; slot `i` of class `c` always lives at
+//! `base + c * span + i * class_size`, so a free finds its class and slot with a shift and a
+//! multiplication (no lookup table, no search), and two classes never share a physical page.
+//!
+//! # Chunks
+//! Slots are grouped in chunks of `max(1, chunk_bytes / class_size)` consecutive slots (about one 2 MiB
+//! page). A chunk is committed ([`gen_vmm::Region::commit`]) the first time its class runs dry, and only
+//! then; its slots are packed back to back, so a chunk may straddle a page boundary and share that page
+//! (by refcount) with its neighbour: a class holding `n` live bytes pins at most `n` plus about one page.
+//! [`Slab::reclaim`] decommits chunks all of whose slots are free, so a burst does not pin memory.
+//!
+//! # Free lists and streams
+//! Free slots live in lock-free index free lists ([`gen_freelist::FrontCache`]: a Treiber stack with one
+//! small stack per thread shard in front). Each class has one list per *stream slot* (a fixed table of
+//! [`STREAM_SLOTS`] streams, registered on first sight) plus an *idle* list of slots that are safe on
+//! every stream. The stream rules (PyTorch's):
+//!
+//! - a block freed on stream `S` goes to `S`'s list and is reused at once by allocations on `S` (stream
+//!   order makes that safe);
+//! - an allocation on `T` whose own list and the idle list are empty *migrates* a batch (up to
+//!   [`MIGRATE_BATCH`] slots) from another stream's list: one event is recorded on `S` and the batch waits
+//!   in a *pending* list until `event_query` says the event completed, then joins the idle list. Only when
+//!   the class would otherwise need new physical pages (memory pressure) does it `event_synchronize`;
+//! - while only one stream has ever been seen no event is ever recorded; when a second stream appears,
+//!   one `synchronize` makes every earlier free safe and moves those slots to the idle list;
+//! - frees on streams beyond the table ([`STREAM_SLOTS`] distinct streams) record one event per free
+//!   (a rare, slow path) and go to the pending list.
+//!
+//! The hot path (`alloc` hitting its stream's list or the idle list; every `free` on a known stream) is
+//! lock-free and allocation-free: a size-class computation, a scan of the stream table, one pop or push, and
+//! one byte store/swap on the slot's state (which is how double and foreign frees are detected).
+//! Everything else (committing a chunk, migrations, reclaim) takes the class's mutex.
+//!
+//! # Reclaim
+//! [`Slab::reclaim`] takes every free list of a class (stream lists, idle list, pending batches), counts the
+//! free slots per chunk and decommits chunks all of whose slots it holds. If such a chunk holds a slot that
+//! is not yet safe (freed on a stream, or in a pending batch) it first synchronizes the device once; every
+//! slot it did not decommit goes back (after a synchronize: all to the idle list).
+
+#![warn(missing_docs)]
+
+mod class;
+
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize};
+use std::sync::{Arc, OnceLock};
+
+use gen_device::{Device, DeviceError, EventHandle, StreamId};
+use gen_freelist::{FreeListError, FrontCache};
+use gen_vmm::{PagePool, Region, VmmError};
+use parking_lot::Mutex;
+
+use crate::class::Divisor;
+pub use crate::class::{SizeClasses, MIN_CLASS};
+
+/// Distinct streams with their own free lists; further streams take the slow overflow path.
+pub const STREAM_SLOTS: usize = 8;
+/// Most slots moved from one stream to another under one event.
+pub const MIGRATE_BATCH: usize = 32;
+/// Index of the idle list in a class's list table.
+const IDLE: usize = STREAM_SLOTS;
+
+/// Configuration of a [`Slab`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlabConfig {
+    /// Largest request served (bytes); the largest class is this rounded up to a class size.
+    pub max_size: u64,
+    /// Classes per power of two: 1, 2, 4, 8 or 16. The waste bound is `max(512 B, size / this)`.
+    pub classes_per_doubling: u32,
+    /// Virtual bytes per class: a power of two, at least a page and at least the largest class, at most
+    /// 4 GiB. It bounds the live bytes of one class (with `max_slots_per_class`).
+    pub class_span: u64,
+    /// Most slots per class (host memory: about 5 bytes per slot per stream in use).
+    pub max_slots_per_class: u32,
+    /// Target chunk size (bytes); 0 = one page of the pool. A class's chunk is
+    /// `max(1, chunk_bytes / class_size)` slots.
+    pub chunk_bytes: u64,
+    /// Thread shards of each free list; 0 = the machine's available parallelism (at most 64).
+    pub shards: usize,
+    /// Most slots a shard caches in front of its list (1..=255).
+    pub shard_capacity: usize,
+}
+
+impl Default for SlabConfig {
+    fn default() -> Self {
+        SlabConfig {
+            max_size: 1 << 20,
+            classes_per_doubling: 4,
+            class_span: 1 << 30,
+            max_slots_per_class: 1 << 18,
+            chunk_bytes: 0,
+            shards: 0,
+            shard_capacity: 32,
+        }
+    }
+}
+
+/// Everything that can go wrong in the slab.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SlabError {
+    /// The configuration is inconsistent.
+    #[error("invalid slab configuration: {0}")]
+    InvalidConfig(String),
+    /// The size is 0 or above [`Slab::max_size`].
+    #[error("size {size} is not served by the slab (1..={max})")]
+    UnsupportedSize {
+        /// The size asked for.
+        size: u64,
+        /// The largest size served.
+        max: u64,
+    },
+    /// Every slot of the class is live (or its chunks cannot be recommitted).
+    #[error("size class {class_size} B is full ({capacity} slots)")]
+    ClassFull {
+        /// The class size.
+        class_size: u64,
+        /// Slots in the class.
+        capacity: u64,
+    },
+    /// Serving the request needs new physical pages and the caller asked not to grow.
+    #[error("slab allocation would create {pages} new physical page(s)")]
+    WouldGrow {
+        /// Pages that would have to be created.
+        pages: u64,
+    },
+    /// `ptr` is not a live block of this slab: foreign, not the start of a block, or freed already.
+    #[error("invalid free of {ptr:#x}: {reason}")]
+    InvalidFree {
+        /// The pointer passed to [`Slab::free`].
+        ptr: u64,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The page layer failed (out of memory, device error).
+    #[error(transparent)]
+    Vmm(VmmError),
+    /// A device call (events, synchronize) failed.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    /// A free list could not be built (host memory).
+    #[error(transparent)]
+    FreeList(#[from] FreeListError),
+}
+
+impl From<VmmError> for SlabError {
+    fn from(e: VmmError) -> Self {
+        match e {
+            VmmError::WouldGrow { pages } => SlabError::WouldGrow { pages },
+            e => SlabError::Vmm(e),
+        }
+    }
+}
+
+/// Counters of one size class.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClassStats {
+    /// Class size in bytes.
+    pub size: u64,
+    /// Live blocks.
+    pub live: u64,
+    /// Free slots in committed chunks (on a list, pending, or in flight).
+    pub free: u64,
+    /// Chunks committed now.
+    pub chunks: u64,
+    /// Slots per chunk.
+    pub slots_per_chunk: u64,
+    /// Slots of the class (its capacity).
+    pub capacity: u64,
+}
+
+/// A snapshot of a [`Slab`]'s counters (live counts are exact when no call runs concurrently).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SlabStats {
+    /// One entry per class, ascending sizes.
+    pub classes: Vec<ClassStats>,
+    /// Live blocks over all classes.
+    pub live_blocks: u64,
+    /// Bytes of live blocks counted at their class size.
+    pub live_bytes: u64,
+    /// Free slots in committed chunks over all classes.
+    pub free_blocks: u64,
+    /// Chunks committed now.
+    pub chunks_committed: u64,
+    /// Bytes of physical pages the slab references now (whole pages; classes never share one).
+    pub committed_bytes: u64,
+    /// Highest `committed_bytes` so far.
+    pub peak_committed_bytes: u64,
+    /// Slots waiting in pending batches for an event.
+    pub pending_blocks: u64,
+    /// Streams registered in the stream table.
+    pub streams: usize,
+    /// Batches migrated from one stream to another (each one event record).
+    pub migrations: u64,
+    /// Frees on streams beyond the table (each one event record).
+    pub overflow_frees: u64,
+    /// Device synchronizations made by the slab (second stream, reclaim).
+    pub synchronizes: u64,
+    /// Bytes of pages released by [`Slab::reclaim`] so far.
+    pub reclaimed_bytes: u64,
+}
+
+/// Slots taken off a stream's list, waiting for the event recorded on that stream after them.
+struct Pending {
+    event: EventHandle,
+    slots: Vec<u32>,
+}
+
+/// The slow-path state of a class, under its mutex.
+struct ClassSlow {
+    /// Chunks ever carved (chunks `carved..` were never committed).
+    carved: u32,
+    /// Whether each carved chunk is committed now.
+    committed: Vec<bool>,
+    /// Carved chunks decommitted by reclaim, reused before carving new ones.
+    released: Vec<u32>,
+    /// References of the slab's chunks to each page of the class's span.
+    page_refs: Vec<u32>,
+    /// Migrated batches waiting for their event.
+    pending: Vec<Pending>,
+    /// Scratch for `push_chain`.
+    scratch: Vec<u32>,
+}
+
+struct Class {
+    size: u64,
+    div: Divisor,
+    /// Offset of the class's span in the region.
+    offset: u64,
+    slots_per_chunk: u32,
+    capacity: u32,
+    chunk_len: u64,
+    /// Lists `0..STREAM_SLOTS` per stream slot, `IDLE` the idle list; built on first use.
+    lists: [OnceLock<FrontCache>; STREAM_SLOTS + 1],
+    /// 1 while the slot is live (handed out and not freed).
+    live: Box<[AtomicU8]>,
+    slow: Mutex<ClassSlow>,
+}
+
+/// The stream table: stream ids of slots `0..count`, registered once, never removed.
+struct StreamTable {
+    ids: [AtomicU64; STREAM_SLOTS],
+    count: AtomicUsize,
+    reg: Mutex<()>,
+}
+
+impl StreamTable {
+    #[inline]
+    fn find(&self, stream: StreamId) -> Option<usize> {
+        let n = self.count.load(Acquire);
+        (0..n).find(|&i| self.ids[i].load(Relaxed) == stream)
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    migrations: AtomicU64,
+    overflow_frees: AtomicU64,
+    synchronizes: AtomicU64,
+    reclaimed: AtomicU64,
+}
+
+/// The short-lived small-block tier. `Send + Sync`; see the [crate docs](crate).
+pub struct Slab {
+    base: u64,
+    span_shift: u32,
+    span_mask: u64,
+    page: u64,
+    sizes: SizeClasses,
+    class: Box<[Class]>,
+    streams: StreamTable,
+    device: Arc<dyn Device>,
+    shards: usize,
+    shard_capacity: usize,
+    committed: AtomicU64,
+    peak: AtomicU64,
+    events: Mutex<Vec<EventHandle>>,
+    counters: Counters,
+    region: Region,
+}
+
+impl std::fmt::Debug for Slab {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Slab")
+            .field("base", &format_args!("{:#x}", self.base))
+            .field("classes", &self.class.len())
+            .field("max_size", &self.max_size())
+            .finish_non_exhaustive()
+    }
+}
+
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<Slab>();
+};
+
+/// Why carving a new chunk failed without an error worth returning at once.
+enum CarveFail {
+    Full,
+    WouldGrow(u64),
+}
+
+impl Slab {
+    /// A slab drawing pages from `pool`, recording events on `device` (the pool's device).
+    ///
+    /// # Errors
+    /// [`SlabError::InvalidConfig`] for inconsistent parameters, [`SlabError::Vmm`] if the address range
+    /// cannot be reserved.
+    pub fn new(pool: &Arc<PagePool>, device: Arc<dyn Device>, cfg: SlabConfig) -> Result<Self, SlabError> {
+        let bad = |m: String| Err(SlabError::InvalidConfig(m));
+        let page = pool.page_size();
+        let sizes = match SizeClasses::new(cfg.max_size, cfg.classes_per_doubling) {
+            Some(s) => s,
+            None => {
+                return bad(format!(
+                    "max_size {} must be in 1..=2^40 and classes_per_doubling {} a power of two <= 64",
+                    cfg.max_size, cfg.classes_per_doubling
+                ))
+            }
+        };
+        if cfg.classes_per_doubling > 16 {
+            return bad(format!("classes_per_doubling {} is above 16", cfg.classes_per_doubling));
+        }
+        let span = cfg.class_span;
+        if !span.is_power_of_two() || span < page || span > 1 << 32 || span < sizes.max_class() {
+            return bad(format!(
+                "class_span {span:#x} must be a power of two in [page {page:#x}, 4 GiB] and >= the largest \
+                 class {:#x}",
+                sizes.max_class()
+            ));
+        }
+        let chunk_bytes = if cfg.chunk_bytes == 0 { page } else { cfg.chunk_bytes };
+        if chunk_bytes > span {
+            return bad(format!("chunk_bytes {chunk_bytes:#x} is above class_span {span:#x}"));
+        }
+        if cfg.max_slots_per_class == 0 {
+            return bad("max_slots_per_class must be at least 1".into());
+        }
+        if cfg.shard_capacity == 0 || cfg.shard_capacity > gen_freelist::MAX_SHARD_CAPACITY {
+            return bad(format!(
+                "shard_capacity {} must be in 1..={}",
+                cfg.shard_capacity,
+                gen_freelist::MAX_SHARD_CAPACITY
+            ));
+        }
+        let shards = if cfg.shards == 0 {
+            std::thread::available_parallelism().map_or(4, |n| n.get()).min(64)
+        } else {
+            cfg.shards
+        };
+        let n = sizes.len() as u64;
+        let Some(total) = n.checked_mul(span) else {
+            return bad(format!("{n} classes of {span:#x} bytes overflow the address space"));
+        };
+        let region = Region::new(pool, total, "gen-slab")?;
+        let mut class = Vec::with_capacity(sizes.len());
+        for (i, &size) in sizes.sizes().iter().enumerate() {
+            let spc = (chunk_bytes / size).max(1);
+            let slots = (span / size).min(u64::from(cfg.max_slots_per_class));
+            let capacity = slots / spc * spc;
+            if capacity == 0 {
+                return bad(format!("max_slots_per_class leaves class {size} without a whole chunk"));
+            }
+            let pages = (capacity * size).div_ceil(page) as usize;
+            class.push(Class {
+                size,
+                div: Divisor::new(size),
+                offset: i as u64 * span,
+                slots_per_chunk: spc as u32,
+                capacity: capacity as u32,
+                chunk_len: spc * size,
+                lists: Default::default(),
+                live: (0..capacity).map(|_| AtomicU8::new(0)).collect(),
+                slow: Mutex::new(ClassSlow {
+                    carved: 0,
+                    committed: Vec::new(),
+                    released: Vec::new(),
+                    page_refs: vec![0; pages],
+                    pending: Vec::new(),
+                    scratch: Vec::new(),
+                }),
+            });
+        }
+        Ok(Slab {
+            base: region.base(),
+            span_shift: span.trailing_zeros(),
+            span_mask: span - 1,
+            page,
+            sizes,
+            class: class.into_boxed_slice(),
+            streams: StreamTable {
+                ids: Default::default(),
+                count: AtomicUsize::new(0),
+                reg: Mutex::new(()),
+            },
+            device,
+            shards,
+            shard_capacity: cfg.shard_capacity,
+            committed: AtomicU64::new(0),
+            peak: AtomicU64::new(0),
+            events: Mutex::new(Vec::new()),
+            counters: Counters::default(),
+            region,
+        })
+    }
+
+    /// The largest request served (the largest class size).
+    pub fn max_size(&self) -> u64 {
+        self.sizes.max_class()
+    }
+
+    /// The size classes.
+    pub fn size_classes(&self) -> &SizeClasses {
+        &self.sizes
+    }
+
+    /// The class serving `size`: `(index, class size)`, or `None` for 0 or above [`max_size`](Self::max_size).
+    #[inline]
+    pub fn class_of(&self, size: u64) -> Option<(usize, u64)> {
+        self.sizes.lookup(size)
+    }
+
+    /// Whether `ptr` lies in the slab's address range (a range check; it may be a free slot).
+    #[inline]
+    pub fn owns(&self, ptr: u64) -> bool {
+        ptr.wrapping_sub(self.base) < (self.class.len() as u64) << self.span_shift
+    }
+
+    /// A block of at least `size` bytes (512-byte aligned) for use on `stream`.
+    ///
+    /// With `grow == false` it fails with [`SlabError::WouldGrow`] rather than make the page pool create
+    /// physical pages (the engine then releases caches and retries with `grow == true`).
+    ///
+    /// # Errors
+    /// [`SlabError::UnsupportedSize`], [`SlabError::WouldGrow`], [`SlabError::ClassFull`], and the
+    /// page layer's and device's errors; on any error nothing changed.
+    #[inline]
+    pub fn alloc(&self, size: u64, stream: StreamId, grow: bool) -> Result<u64, SlabError> {
+        let Some((ci, _)) = self.sizes.lookup(size) else {
+            return Err(SlabError::UnsupportedSize { size, max: self.max_size() });
+        };
+        let c = &self.class[ci];
+        if let Some(t) = self.streams.find(stream) {
+            if let Some(slot) = c.lists[t].get().and_then(FrontCache::pop) {
+                return Ok(self.hand_out(c, slot));
+            }
+            if let Some(slot) = c.lists[IDLE].get().and_then(FrontCache::pop) {
+                return Ok(self.hand_out(c, slot));
+            }
+        }
+        self.alloc_slow(ci, stream, grow)
+    }
+
+    /// Free the block at `ptr` on `stream` (work queued on `stream` may still use it). Returns its class
+    /// size.
+    ///
+    /// # Errors
+    /// [`SlabError::InvalidFree`] if `ptr` is not a live block of this slab (foreign, interior, or freed
+    /// already); device errors on the overflow path. On any error nothing changed.
+    #[inline]
+    pub fn free(&self, ptr: u64, stream: StreamId) -> Result<u64, SlabError> {
+        let (c, slot) = self.locate(ptr)?;
+        let t = match self.streams.find(stream) {
+            Some(t) => Some(t),
+            None => self.register(stream)?,
+        };
+        let Some(t) = t else {
+            return self.free_overflow(c, ptr, slot, stream);
+        };
+        let list = match c.lists[t].get() {
+            Some(l) => l,
+            None => self.init_list(c, t)?,
+        };
+        if c.live[slot as usize].swap(0, AcqRel) == 0 {
+            return Err(SlabError::InvalidFree { ptr, reason: "not allocated (double free?)" });
+        }
+        list.push(slot);
+        Ok(c.size)
+    }
+
+    /// Decommit every chunk all of whose slots are free, synchronizing the device once first if one of
+    /// them was freed on a stream or waits for an event. Returns the bytes of pages the slab no longer
+    /// references (physical memory now reusable by other tiers or releasable by the page pool).
+    ///
+    /// # Errors
+    /// A failed device synchronize: chunks that were already safe are still decommitted, the others are
+    /// kept, and the first error is returned after every class was processed.
+    pub fn reclaim(&self) -> Result<u64, SlabError> {
+        let mut released = 0;
+        let mut first_err = None;
+        for c in self.class.iter() {
+            match self.reclaim_class(c, first_err.is_none()) {
+                Ok(b) => released += b,
+                Err((b, e)) => {
+                    released += b;
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        self.counters.reclaimed.fetch_add(released, Relaxed);
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(released),
+        }
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> SlabStats {
+        let mut s = SlabStats {
+            committed_bytes: self.committed.load(Relaxed),
+            peak_committed_bytes: self.peak.load(Relaxed),
+            streams: self.streams.count.load(Acquire),
+            migrations: self.counters.migrations.load(Relaxed),
+            overflow_frees: self.counters.overflow_frees.load(Relaxed),
+            synchronizes: self.counters.synchronizes.load(Relaxed),
+            reclaimed_bytes: self.counters.reclaimed.load(Relaxed),
+            ..SlabStats::default()
+        };
+        for c in self.class.iter() {
+            let g = c.slow.lock();
+            let spc = c.slots_per_chunk as usize;
+            let mut cs = ClassStats {
+                size: c.size,
+                slots_per_chunk: spc as u64,
+                capacity: u64::from(c.capacity),
+                ..ClassStats::default()
+            };
+            for (k, _) in g.committed.iter().enumerate().filter(|(_, &on)| on) {
+                let live = c.live[k * spc..(k + 1) * spc].iter().filter(|b| b.load(Relaxed) != 0).count();
+                cs.chunks += 1;
+                cs.live += live as u64;
+                cs.free += (spc - live) as u64;
+            }
+            s.pending_blocks += g.pending.iter().map(|p| p.slots.len() as u64).sum::<u64>();
+            s.live_blocks += cs.live;
+            s.live_bytes += cs.live * c.size;
+            s.free_blocks += cs.free;
+            s.chunks_committed += cs.chunks;
+            s.classes.push(cs);
+        }
+        s
+    }
+
+    // ---- internals ----
+
+    #[inline]
+    fn hand_out(&self, c: &Class, slot: u32) -> u64 {
+        let was = c.live[slot as usize].swap(1, Relaxed);
+        debug_assert_eq!(was, 0, "slot {slot} of class {} handed out twice", c.size);
+        self.base + c.offset + u64::from(slot) * c.size
+    }
+
+    /// Class and slot of `ptr`, which must be the start of a slot.
+    #[inline]
+    fn locate(&self, ptr: u64) -> Result<(&Class, u32), SlabError> {
+        let off = ptr.wrapping_sub(self.base);
+        let Some(c) = self.class.get((off >> self.span_shift) as usize) else {
+            return Err(SlabError::InvalidFree { ptr, reason: "not a slab address" });
+        };
+        // `span <= 2^32`, so the offset within the span fits in a u32.
+        let within = (off & self.span_mask) as u32;
+        if !c.div.divides(within) {
+            return Err(SlabError::InvalidFree { ptr, reason: "not the start of a block" });
+        }
+        let slot = c.div.div(within);
+        if slot >= c.capacity {
+            return Err(SlabError::InvalidFree { ptr, reason: "beyond the class's slots" });
+        }
+        Ok((c, slot))
+    }
+
+    #[cold]
+    fn init_list<'a>(&self, c: &'a Class, t: usize) -> Result<&'a FrontCache, SlabError> {
+        if let Some(l) = c.lists[t].get() {
+            return Ok(l);
+        }
+        let l = FrontCache::new(c.capacity as usize, self.shards, self.shard_capacity)?;
+        // A racing thread may have set it first: either list is empty and equivalent.
+        let _ = c.lists[t].set(l);
+        Ok(c.lists[t].get().expect("set above"))
+    }
+
+    #[inline]
+    fn list<'a>(&self, c: &'a Class, t: usize) -> Result<&'a FrontCache, SlabError> {
+        match c.lists[t].get() {
+            Some(l) => Ok(l),
+            None => self.init_list(c, t),
+        }
+    }
+
+    /// Register `stream` in the stream table: its slot, or `None` when the table is full.
+    #[cold]
+    fn register(&self, stream: StreamId) -> Result<Option<usize>, SlabError> {
+        let _reg = self.streams.reg.lock();
+        if let Some(t) = self.streams.find(stream) {
+            return Ok(Some(t));
+        }
+        let n = self.streams.count.load(Relaxed);
+        if n >= STREAM_SLOTS {
+            return Ok(None);
+        }
+        if n == 1 {
+            self.second_stream();
+        }
+        self.streams.ids[n].store(stream, Relaxed);
+        self.streams.count.store(n + 1, Release);
+        Ok(Some(n))
+    }
+
+    /// The first time a second stream appears: one synchronize makes every earlier free (all on the
+    /// first stream) safe everywhere, so those slots move to the idle lists. Failing that, they stay on
+    /// the first stream's lists (correct, only slower).
+    fn second_stream(&self) {
+        let mut moved = Vec::new();
+        for (ci, c) in self.class.iter().enumerate() {
+            if let Some(l) = c.lists[0].get() {
+                l.flush_shards();
+                let v: Vec<u32> = l.global().take_all().collect();
+                if !v.is_empty() {
+                    moved.push((ci, v));
+                }
+            }
+        }
+        if moved.is_empty() {
+            return;
+        }
+        // Taken before the synchronize: every one of these frees precedes it.
+        let synced = self.device.synchronize();
+        if synced.is_ok() {
+            self.counters.synchronizes.fetch_add(1, Relaxed);
+        } else if let Err(e) = &synced {
+            log::warn!("gen-slab: synchronize at the second stream failed ({e}); frees stay per stream");
+        }
+        for (ci, v) in moved {
+            let c = &self.class[ci];
+            match (&synced, c.lists[IDLE].get()) {
+                (Ok(()), Some(idle)) => idle.global().push_chain(&v),
+                _ => c.lists[0].get().expect("taken from it").global().push_chain(&v),
+            }
+        }
+    }
+
+    #[cold]
+    fn alloc_slow(&self, ci: usize, stream: StreamId, grow: bool) -> Result<u64, SlabError> {
+        let c = &self.class[ci];
+        let t = match self.streams.find(stream) {
+            Some(t) => Some(t),
+            None => self.register(stream)?,
+        };
+        let idle = self.list(c, IDLE)?;
+        let own = match t {
+            Some(t) => Some(self.list(c, t)?),
+            None => None,
+        };
+        let mut g = c.slow.lock();
+        // The stream transition or a reclaim may have refilled the lists meanwhile.
+        if let Some(slot) = own.and_then(FrontCache::pop).or_else(|| idle.pop()) {
+            return Ok(self.hand_out(c, slot));
+        }
+        if self.poll_pending(&mut g, idle)? {
+            if let Some(slot) = idle.pop() {
+                return Ok(self.hand_out(c, slot));
+            }
+        }
+        if self.migrate(c, &mut g, t)? && self.poll_pending(&mut g, idle)? {
+            if let Some(slot) = idle.pop() {
+                return Ok(self.hand_out(c, slot));
+            }
+        }
+        let fail = match self.carve(c, &mut g, idle, false) {
+            Ok(slot) => return Ok(self.hand_out(c, slot)),
+            Err(Ok(fail)) => fail,
+            Err(Err(e)) => return Err(e),
+        };
+        // Memory pressure: wait for migrated batches rather than take new memory.
+        if self.sync_pending(&mut g, idle) {
+            if let Some(slot) = idle.pop() {
+                return Ok(self.hand_out(c, slot));
+            }
+        }
+        let fail = match fail {
+            CarveFail::WouldGrow(_) if grow => match self.carve(c, &mut g, idle, true) {
+                Ok(slot) => return Ok(self.hand_out(c, slot)),
+                Err(Ok(fail)) => fail,
+                Err(Err(e)) => return Err(e),
+            },
+            fail => fail,
+        };
+        Err(match fail {
+            CarveFail::Full => {
+                SlabError::ClassFull { class_size: c.size, capacity: u64::from(c.capacity) }
+            }
+            CarveFail::WouldGrow(pages) => SlabError::WouldGrow { pages },
+        })
+    }
+
+    /// Commit a chunk (a released one first, else a new one), push all its slots but the first to the idle
+    /// list and return the first. `Err(Ok(_))`: nothing to commit or it would grow; `Err(Err(_))`: error.
+    fn carve(
+        &self,
+        c: &Class,
+        g: &mut ClassSlow,
+        idle: &FrontCache,
+        grow: bool,
+    ) -> Result<u32, Result<CarveFail, SlabError>> {
+        let n_chunks = c.capacity / c.slots_per_chunk;
+        let (k, fresh) = match g.released.last() {
+            Some(&k) => (k, false),
+            None if g.carved < n_chunks => (g.carved, true),
+            None => return Err(Ok(CarveFail::Full)),
+        };
+        let off = c.offset + u64::from(k) * c.chunk_len;
+        match self.region.commit(off, c.chunk_len, grow) {
+            Ok(()) => {}
+            Err(VmmError::WouldGrow { pages }) => return Err(Ok(CarveFail::WouldGrow(pages))),
+            Err(e) => return Err(Err(e.into())),
+        }
+        if fresh {
+            g.carved += 1;
+            g.committed.push(true);
+        } else {
+            g.released.pop();
+            g.committed[k as usize] = true;
+        }
+        let mut new_pages = 0;
+        for p in self.pages_of(c, k) {
+            let r = &mut g.page_refs[p];
+            new_pages += u64::from(*r == 0);
+            *r += 1;
+        }
+        let now = self.committed.fetch_add(new_pages * self.page, Relaxed) + new_pages * self.page;
+        self.peak.fetch_max(now, Relaxed);
+        let first = k * c.slots_per_chunk;
+        g.scratch.clear();
+        g.scratch.extend(first + 1..first + c.slots_per_chunk);
+        idle.global().push_chain(&g.scratch);
+        Ok(first)
+    }
+
+    /// Page indices (within the class's span) overlapped by chunk `k`.
+    fn pages_of(&self, c: &Class, k: u32) -> std::ops::RangeInclusive<usize> {
+        let start = u64::from(k) * c.chunk_len;
+        (start / self.page) as usize..=((start + c.chunk_len - 1) / self.page) as usize
+    }
+
+    /// Move every pending batch whose event completed to the idle list. True if any moved.
+    fn poll_pending(&self, g: &mut ClassSlow, idle: &FrontCache) -> Result<bool, SlabError> {
+        let mut moved = false;
+        let mut i = 0;
+        while i < g.pending.len() {
+            if self.device.event_query(g.pending[i].event)? {
+                let p = g.pending.swap_remove(i);
+                idle.global().push_chain(&p.slots);
+                self.events.lock().push(p.event);
+                moved = true;
+            } else {
+                i += 1;
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Memory pressure: wait for every pending batch's event and move it to the idle list. Batches whose
+    /// wait fails stay pending. True if any moved.
+    fn sync_pending(&self, g: &mut ClassSlow, idle: &FrontCache) -> bool {
+        let mut moved = false;
+        let mut i = 0;
+        while i < g.pending.len() {
+            match self.device.event_synchronize(g.pending[i].event) {
+                Ok(()) => {
+                    let p = g.pending.swap_remove(i);
+                    idle.global().push_chain(&p.slots);
+                    self.events.lock().push(p.event);
+                    moved = true;
+                }
+                Err(e) => {
+                    log::debug!("gen-slab: waiting for a migrated batch failed: {e}");
+                    i += 1;
+                }
+            }
+        }
+        moved
+    }
+
+    /// Record an event (from the pool, or a new one) on `stream`.
+    fn record(&self, stream: StreamId) -> Result<EventHandle, SlabError> {
+        let pooled = self.events.lock().pop();
+        let ev = match pooled {
+            Some(ev) => ev,
+            None => self.device.event_create()?,
+        };
+        if let Err(e) = self.device.event_record(ev, stream) {
+            self.events.lock().push(ev);
+            return Err(e.into());
+        }
+        Ok(ev)
+    }
+
+    /// Take a batch from every other stream's list that has free slots, each under one event recorded on
+    /// its stream after the frees. True if any batch was taken.
+    fn migrate(&self, c: &Class, g: &mut ClassSlow, own: Option<usize>) -> Result<bool, SlabError> {
+        let n = self.streams.count.load(Acquire);
+        let mut any = false;
+        for s in (0..n).filter(|&s| Some(s) != own) {
+            let Some(list) = c.lists[s].get() else { continue };
+            let mut batch = Vec::new();
+            while batch.len() < MIGRATE_BATCH {
+                match list.pop() {
+                    Some(slot) => batch.push(slot),
+                    None => break,
+                }
+            }
+            if batch.is_empty() {
+                continue;
+            }
+            match self.record(self.streams.ids[s].load(Relaxed)) {
+                Ok(event) => {
+                    g.pending.push(Pending { event, slots: batch });
+                    self.counters.migrations.fetch_add(1, Relaxed);
+                    any = true;
+                }
+                Err(e) => {
+                    list.global().push_chain(&batch);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(any)
+    }
+
+    /// A free on a stream beyond the table: one event per free, the slot pending until it completes.
+    #[cold]
+    fn free_overflow(&self, c: &Class, ptr: u64, slot: u32, stream: StreamId) -> Result<u64, SlabError> {
+        let mut g = c.slow.lock();
+        if c.live[slot as usize].load(Relaxed) == 0 {
+            return Err(SlabError::InvalidFree { ptr, reason: "not allocated (double free?)" });
+        }
+        let event = self.record(stream)?;
+        if c.live[slot as usize].swap(0, AcqRel) == 0 {
+            // A concurrent free of the same pointer won: that one owns the slot.
+            self.events.lock().push(event);
+            return Err(SlabError::InvalidFree { ptr, reason: "not allocated (double free?)" });
+        }
+        g.pending.push(Pending { event, slots: vec![slot] });
+        self.counters.overflow_frees.fetch_add(1, Relaxed);
+        Ok(c.size)
+    }
+
+    /// Reclaim one class. `may_sync`: whether a device synchronize may be attempted. On a failed
+    /// synchronize returns the bytes released anyway and the error.
+    fn reclaim_class(&self, c: &Class, may_sync: bool) -> Result<u64, (u64, SlabError)> {
+        let mut g = c.slow.lock();
+        if g.carved == 0 {
+            return Ok(0);
+        }
+        // Origin of each taken slot: a stream slot, IDLE (safe), or PENDING (its batch's event).
+        const PENDING: u8 = u8::MAX;
+        let mut taken: Vec<(u32, u8)> = Vec::new();
+        for (t, l) in c.lists.iter().enumerate() {
+            if let Some(l) = l.get() {
+                l.flush_shards();
+                taken.extend(l.global().take_all().map(|s| (s, t as u8)));
+            }
+        }
+        let pending = std::mem::take(&mut g.pending);
+        let mut still_pending = Vec::new();
+        for p in pending {
+            match self.device.event_query(p.event) {
+                Ok(true) => {
+                    taken.extend(p.slots.iter().map(|&s| (s, IDLE as u8)));
+                    self.events.lock().push(p.event);
+                }
+                _ => {
+                    taken.extend(p.slots.iter().map(|&s| (s, PENDING)));
+                    still_pending.push(p);
+                }
+            }
+        }
+        let spc = c.slots_per_chunk;
+        let mut free_in = vec![0u32; g.carved as usize];
+        let mut unsafe_in = vec![false; g.carved as usize];
+        for &(s, o) in &taken {
+            let k = (s / spc) as usize;
+            free_in[k] += 1;
+            unsafe_in[k] |= o != IDLE as u8;
+        }
+        let full = |k: usize| g.committed[k] && free_in[k] == spc;
+        let mut err = None;
+        let mut synced = false;
+        if may_sync && (0..free_in.len()).any(|k| full(k) && unsafe_in[k]) {
+            match self.device.synchronize() {
+                Ok(()) => {
+                    synced = true;
+                    self.counters.synchronizes.fetch_add(1, Relaxed);
+                }
+                Err(e) => err = Some(SlabError::from(e)),
+            }
+        }
+        let reclaim: Vec<bool> = (0..free_in.len()).map(|k| full(k) && (synced || !unsafe_in[k])).collect();
+        // Give back what is not decommitted: after a synchronize everything is safe.
+        let idle = c.lists[IDLE].get();
+        let mut back: [Vec<u32>; STREAM_SLOTS + 1] = Default::default();
+        for &(s, o) in &taken {
+            if reclaim[(s / spc) as usize] || (o == PENDING && !synced) {
+                continue;
+            }
+            let dest = if synced { IDLE } else { o as usize };
+            back[dest].push(s);
+        }
+        if synced {
+            for p in still_pending {
+                self.events.lock().push(p.event);
+            }
+        } else {
+            g.pending = still_pending;
+        }
+        for (t, v) in back.iter().enumerate() {
+            if !v.is_empty() {
+                // Every list a slot came from exists; IDLE exists once anything was carved.
+                let l = if t == IDLE { idle } else { c.lists[t].get() };
+                l.expect("list of a taken slot").global().push_chain(v);
+            }
+        }
+        let mut freed_pages = 0u64;
+        for k in (0..reclaim.len()).filter(|&k| reclaim[k]) {
+            debug_assert!(c.live[k * spc as usize..(k + 1) * spc as usize].iter().all(|b| b.load(Relaxed) == 0));
+            self.region.decommit(c.offset + k as u64 * c.chunk_len, c.chunk_len);
+            g.committed[k] = false;
+            g.released.push(k as u32);
+            for p in self.pages_of(c, k as u32) {
+                g.page_refs[p] -= 1;
+                freed_pages += u64::from(g.page_refs[p] == 0);
+            }
+        }
+        // Reuse low chunks first (keeps the class's footprint compact).
+        g.released.sort_unstable_by(|a, b| b.cmp(a));
+        let bytes = freed_pages * self.page;
+        self.committed.fetch_sub(bytes, Relaxed);
+        match err {
+            Some(e) => Err((bytes, e)),
+            None => Ok(bytes),
+        }
+    }
+}
+
+impl Drop for Slab {
+    fn drop(&mut self) {
+        for c in self.class.iter_mut() {
+            let g = c.slow.get_mut();
+            for p in g.pending.drain(..) {
+                if let Err(e) = self.device.event_destroy(p.event) {
+                    log::error!("gen-slab: destroying an event at drop: {e}");
+                }
+            }
+            for (k, _) in g.committed.iter().enumerate().filter(|(_, &on)| on) {
+                self.region.decommit(c.offset + k as u64 * c.chunk_len, c.chunk_len);
+            }
+        }
+        for ev in self.events.get_mut().drain(..) {
+            if let Err(e) = self.device.event_destroy(ev) {
+                log::error!("gen-slab: destroying an event at drop: {e}");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
