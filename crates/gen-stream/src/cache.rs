@@ -316,15 +316,18 @@ impl StreamCache {
     pub fn put(&self, ptr: DevicePtr, size: u64, stream: StreamId) -> Result<(), Overflow> {
         self.observe(stream);
         let max = self.cfg.max_cached_bytes;
-        let prev = self.cached.fetch_add(size, Ordering::Relaxed);
-        if max != 0 && prev.checked_add(size).is_none_or(|total| total > max) {
-            self.cached.fetch_sub(size, Ordering::Relaxed);
-            self.overflows.fetch_add(1, Ordering::Relaxed);
-            return Err(Overflow {
-                size,
-                cached: prev,
-                max,
-            });
+        if max == 0 {
+            self.cached.fetch_add(size, Ordering::Relaxed);
+        } else {
+            // Reserve the bytes first, so concurrent puts never overshoot the bound together.
+            let fits = |cur: u64| cur.checked_add(size).filter(|&total| total <= max);
+            if let Err(cached) =
+                self.cached
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, fits)
+            {
+                self.overflows.fetch_add(1, Ordering::Relaxed);
+                return Err(Overflow { size, cached, max });
+            }
         }
         let mut guard = self.shards[self.shard_index(size)].lock();
         let shard = &mut *guard;
@@ -399,40 +402,42 @@ impl StreamCache {
         if let Some(p) = entry.safe.pop() {
             return Some(p);
         }
-        // 2. Migrate the ready list of one other stream that has no batch in flight for this size.
-        let src_index = entry.lists.iter().position(|l| {
-            l.stream != stream
-                && !l.ptrs.is_empty()
-                && !entry.pending.iter().any(|b| b.src == l.stream)
-        })?;
-        let src = entry.lists[src_index].stream;
-        let event = self.get_event()?;
-        stats.events_recorded += 1;
-        if let Err(e) = self.device.event_record(event, src) {
-            self.record_error(e);
-            self.events.lock().push(event);
-            return None;
-        }
-        let fresh = spare.pop().unwrap_or_default();
-        let ptrs = std::mem::replace(&mut entry.lists[src_index].ptrs, fresh);
-        stats.migrations += 1;
-        stats.migrated_blocks += ptrs.len() as u64;
-        // The stream is often idle already: one query may complete the migration right away.
-        stats.event_queries += 1;
-        match self.device.event_query(event) {
-            Ok(true) => {
-                let mut ptrs = ptrs;
-                entry.safe.append(&mut ptrs);
-                recycle_vec(spare, ptrs);
+        // 2. Migrate the ready list of another stream with no batch of this size in flight, one stream
+        //    at a time until a batch completes at once (streams are few; each try is one record + one
+        //    query, and a stream already in flight is skipped).
+        loop {
+            let src_index = entry.lists.iter().position(|l| {
+                l.stream != stream
+                    && !l.ptrs.is_empty()
+                    && !entry.pending.iter().any(|b| b.src == l.stream)
+            })?;
+            let src = entry.lists[src_index].stream;
+            let event = self.get_event()?;
+            stats.events_recorded += 1;
+            if let Err(e) = self.device.event_record(event, src) {
+                self.record_error(e);
                 self.events.lock().push(event);
-                entry.safe.pop()
+                return None;
             }
-            other => {
-                if let Err(e) = other {
-                    self.record_error(e);
+            let fresh = spare.pop().unwrap_or_default();
+            let mut ptrs = std::mem::replace(&mut entry.lists[src_index].ptrs, fresh);
+            stats.migrations += 1;
+            stats.migrated_blocks += ptrs.len() as u64;
+            // The stream is often idle already: one query may complete the migration right away.
+            stats.event_queries += 1;
+            match self.device.event_query(event) {
+                Ok(true) => {
+                    entry.safe.append(&mut ptrs);
+                    recycle_vec(spare, ptrs);
+                    self.events.lock().push(event);
+                    return entry.safe.pop();
                 }
-                entry.pending.push(Pending { src, event, ptrs });
-                None
+                other => {
+                    if let Err(e) = other {
+                        self.record_error(e);
+                    }
+                    entry.pending.push(Pending { src, event, ptrs });
+                }
             }
         }
     }
