@@ -1,0 +1,286 @@
+//! Reader tests: genpool CSV (validation errors with line numbers, gzip, round trip through the
+//! writer), RMM logs, PyTorch snapshot pickles (fixture made by tests/fixtures/make_snapshot.py), and the
+//! shared real traces.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use gen_trace::*;
+
+fn csv(body: &str) -> Result<Vec<Trace>, TraceError> {
+    load_bytes("t.csv", format!("{CSV_HEADER}\n{body}").as_bytes())
+}
+
+fn gz(bytes: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    e.write_all(bytes).unwrap();
+    e.finish().unwrap()
+}
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+/// The shared real traces: `$GENPOOL_TRACE_DIR`, else `<workspace>/../shared/traces`.
+fn shared_traces() -> PathBuf {
+    std::env::var_os("GENPOOL_TRACE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces"))
+}
+
+#[test]
+fn csv_reads_and_summarizes() {
+    let t = csv("1,a,1024,512,0,7\n2,a,4096,1024,5,0\n\n3,f,1024,512,0,0\n4,a,8192,512,0,7\n")
+        .unwrap()
+        .remove(0);
+    assert_eq!(t.name, "t.csv");
+    assert_eq!(t.events.len(), 4);
+    assert_eq!(
+        t.events[1],
+        Event {
+            t_us: 2,
+            kind: EventKind::Alloc,
+            addr: 4096,
+            size: 1024,
+            stream: 5,
+            site: 0
+        }
+    );
+    let s = &t.summary;
+    assert_eq!((s.allocs, s.frees, s.peak_live), (3, 1, 1536));
+    assert_eq!((s.live_at_end, s.live_bytes_at_end), (2, 1536));
+    assert_eq!(s.streams, vec![0, 5]);
+    assert_eq!((s.sites, s.max_size, s.alloc_bytes), (1, 1024, 2048));
+}
+
+#[test]
+fn csv_crlf_and_gzip_detected_by_magic() {
+    let text = format!("{CSV_HEADER}\r\n1,a,512,512,0,0\r\n2,f,512,512,0,0\r\n");
+    let plain = load_bytes("x", text.as_bytes()).unwrap();
+    // The name says nothing about gzip; the magic bytes do.
+    let zipped = load_bytes("x", &gz(text.as_bytes())).unwrap();
+    assert_eq!(plain, zipped);
+    assert_eq!(plain[0].events.len(), 2);
+}
+
+fn err(body: &str) -> TraceError {
+    csv(body).expect_err("malformed input must be rejected")
+}
+
+#[test]
+fn csv_errors_name_line_field_and_problem() {
+    let e = err("1,a,512,512,0,0\n2,x,512,512,0,0\n");
+    assert_eq!((e.line, e.field.as_deref()), (3, Some("action")));
+    assert_eq!(
+        e.to_string(),
+        "t.csv:3: unknown action `x` (expected `a` or `f`)"
+    );
+
+    let e = err("1,a,512,5x2,0,0\n");
+    assert_eq!((e.line, e.field.as_deref()), (2, Some("size")));
+    assert!(
+        e.to_string()
+            .contains("`5x2` is not a non-negative integer"),
+        "{e}"
+    );
+
+    let e = err("1,a,512,512,0\n");
+    assert_eq!(e.line, 2);
+    assert!(e.message.contains("expected 6 fields"), "{e}");
+
+    let e = err("1,a,512,512,0,0\n2,f,1024,512,0,0\n");
+    assert_eq!((e.line, e.field.as_deref()), (3, Some("addr")));
+    assert!(
+        e.message.contains("free of 0x400, which is not live"),
+        "{e}"
+    );
+
+    let e = err("1,a,512,512,0,0\n2,a,512,1024,0,0\n");
+    assert_eq!((e.line, e.field.as_deref()), (3, Some("addr")));
+    assert!(e.message.contains("already live"), "{e}");
+
+    let e = err("1,a,512,0,0,0\n");
+    assert_eq!((e.line, e.field.as_deref()), (2, Some("size")));
+    assert!(e.message.contains("size 0"), "{e}");
+
+    let e = err("1,a,512,512,0,0\n2,f,512,1024,0,0\n");
+    assert!(e.message.contains("has 512 bytes"), "{e}");
+
+    let e = err("99999999999999999999,a,512,512,0,0\n");
+    assert_eq!(e.field.as_deref(), Some("t_us"));
+
+    let e = load_bytes("h.csv", b"1,a,512,512,0,0\n").unwrap_err();
+    assert_eq!(e.line, 1);
+    assert!(e.to_string().starts_with("h.csv:1: missing header"), "{e}");
+
+    let e = load_bytes("empty.csv", b"").unwrap_err();
+    assert!(e.message.contains("missing header"), "{e}");
+
+    // Truncated gzip is a read error, not a panic.
+    let mut z = gz(format!("{CSV_HEADER}\n1,a,512,512,0,0\n").as_bytes());
+    z.truncate(z.len() / 2);
+    let e = load_bytes("z.csv.gz", &z).unwrap_err();
+    assert!(e.message.contains("read error"), "{e}");
+
+    let e = load_path(Path::new("/nonexistent/x.csv")).unwrap_err();
+    assert_eq!(e.to_string().split(": ").nth(1), Some("cannot open"));
+}
+
+#[test]
+fn csv_round_trip_through_writer() {
+    let t = csv("10,a,1024,512,0,77\n20,a,4096,1536,3,88\n30,f,1024,512,0,0\n")
+        .unwrap()
+        .remove(0);
+    let mut out = Vec::new();
+    write_csv(&t, &mut out).unwrap();
+    let back = read_csv("back", "t.csv", &out[..]).unwrap();
+    assert_eq!(back, t);
+
+    let dir = std::env::temp_dir().join(format!("gen-trace-rt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("t.csv.gz");
+    write_csv_path(&t, &p).unwrap();
+    let bytes = std::fs::read(&p).unwrap();
+    assert_eq!(&bytes[..2], &[0x1f, 0x8b], "written gzip'd");
+    let mut back = load_path(&p).unwrap().remove(0);
+    assert_eq!(back.name, "t");
+    back.name = t.name.clone();
+    assert_eq!(back, t);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn trace_names() {
+    assert_eq!(trace_name(Path::new("/a/b/resnet.csv.gz")), "resnet");
+    assert_eq!(trace_name(Path::new("snap.pickle")), "snap");
+    assert_eq!(trace_name(Path::new("x.y")), "x.y");
+}
+
+#[test]
+fn rmm_log() {
+    let log = format!(
+        "{RMM_HEADER}\n\
+         140573312345856,23:59:59.999990,allocate,0x7f8a40000000,1024,0x7f8a38001020\n\
+         140573312345856,23:59:59.999995,allocate failure,(nil),1099511627776,0\n\
+         140573312345857,00:00:00.000010,allocate,0x7f8a40000400,2048,0\n\
+         140573312345856,00:00:00.000020,free,0x7f8a40000000,1024,0x7f8a38001020\n"
+    );
+    let t = load_bytes("rmm.csv", log.as_bytes()).unwrap().remove(0);
+    assert_eq!(t.events.len(), 3, "the failure is skipped");
+    let day = 86_400_000_000u64;
+    assert_eq!(t.events[0].t_us, day - 10);
+    assert_eq!(t.events[1].t_us, day + 10, "midnight wrap");
+    assert_eq!(t.events[0].addr, 0x7f8a_4000_0000);
+    assert_eq!(t.events[0].stream, 0x7f8a_3800_1020);
+    assert_eq!(t.events[2].kind, EventKind::Free);
+    assert_eq!(t.summary.peak_live, 3072);
+
+    // The docs' variant: epoch seconds, `deallocate`.
+    let log = format!(
+        "{RMM_HEADER}\n1,1634567890.123456,allocate,0x1000,8,0x0\n1,1634567890.234567,deallocate,0x1000,8,0x0\n"
+    );
+    let t = load_bytes("rmm2.csv", log.as_bytes()).unwrap().remove(0);
+    assert_eq!(t.events[1].t_us, 1_634_567_890_234_567);
+
+    let e = load_bytes(
+        "rmm3.csv",
+        format!("{RMM_HEADER}\n1,00:00:01.0,reallocate,0x1000,8,0\n").as_bytes(),
+    )
+    .unwrap_err();
+    assert_eq!((e.line, e.field.as_deref()), (2, Some("Action")));
+    let e = load_bytes(
+        "rmm4.csv",
+        format!("{RMM_HEADER}\n1,00:00:01.0,allocate,0xzz,8,0\n").as_bytes(),
+    )
+    .unwrap_err();
+    assert_eq!(e.field.as_deref(), Some("Pointer"));
+    assert!(
+        e.to_string().starts_with("rmm4.csv:2: Pointer: `0xzz`"),
+        "{e}"
+    );
+}
+
+#[test]
+fn snapshot_fixture_matches_python() {
+    let traces = load_path(&fixtures().join("snapshot_small.pickle")).unwrap();
+    let expected: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("snapshot_small.expected.json")).unwrap(),
+    )
+    .unwrap();
+    let expected = expected.as_array().unwrap();
+    assert_eq!(
+        traces.len(),
+        expected.len(),
+        "one trace per non-empty device"
+    );
+    for (t, x) in traces.iter().zip(expected) {
+        assert_eq!(t.name, x["name"].as_str().unwrap());
+        let xe = x["events"].as_array().unwrap();
+        assert_eq!(t.events.len(), xe.len(), "{}", t.name);
+        for (e, x) in t.events.iter().zip(xe) {
+            let kind = match e.kind {
+                EventKind::Alloc => "alloc",
+                EventKind::Free => "free",
+            };
+            assert_eq!(kind, x["kind"].as_str().unwrap());
+            assert_eq!(e.t_us, x["t_us"].as_u64().unwrap());
+            assert_eq!(e.addr, x["addr"].as_u64().unwrap());
+            assert_eq!(e.size, x["size"].as_u64().unwrap());
+            assert_eq!(e.stream, x["stream"].as_u64().unwrap());
+            assert_eq!(e.site, x["site"].as_u64().unwrap(), "site of {e:?}");
+        }
+    }
+    // Sites differ by frames, and only the top 8 frames count (checked against python above).
+    assert_ne!(traces[0].events[0].site, traces[0].events[3].site);
+
+    // gzip'd pickles are detected too.
+    let bytes = std::fs::read(fixtures().join("snapshot_small.pickle")).unwrap();
+    assert_eq!(load_bytes("s", &gz(&bytes)).unwrap().len(), 2);
+}
+
+#[test]
+fn snapshot_errors() {
+    let e = load_path(&fixtures().join("snapshot_bad_addr.pickle")).unwrap_err();
+    assert_eq!((e.line, e.field.as_deref()), (2, Some("addr")));
+    assert!(
+        e.to_string()
+            .contains("snapshot_bad_addr.pickle:2: device 0 event 1"),
+        "{e}"
+    );
+
+    // A pickle that is not a snapshot, and one that is cut short.
+    let e = load_bytes("p", &[0x80, 0x04, 0x4b, 0x07, 0x2e]).unwrap_err();
+    assert!(e.message.contains("not a PyTorch memory snapshot"), "{e}");
+    let bytes = std::fs::read(fixtures().join("snapshot_small.pickle")).unwrap();
+    let e = load_bytes("cut", &bytes[..bytes.len() / 2]).unwrap_err();
+    assert!(e.message.contains("not a readable pickle"), "{e}");
+}
+
+#[test]
+fn shared_traces_load_fast_and_match_readme() {
+    let dir = shared_traces();
+    assert!(
+        dir.is_dir(),
+        "shared traces not found at {} (set GENPOOL_TRACE_DIR)",
+        dir.display()
+    );
+    // (file, events, peak live in GiB to 2 decimals) from traces/README.md.
+    for (f, events, gib) in [
+        ("resnet50_train.csv.gz", 25_814, 2.97),
+        ("gpt2_train_fixed.csv.gz", 34_839, 12.66),
+        ("gpt2m_train_varlen.csv.gz", 133_151, 35.87),
+        ("gpt2_generate_kv.csv.gz", 494_718, 0.84),
+    ] {
+        let t0 = std::time::Instant::now();
+        let t = load_path(&dir.join(f)).unwrap().remove(0);
+        let took = t0.elapsed();
+        eprintln!("{f}: {} events loaded in {took:?}", t.events.len());
+        assert_eq!(t.events.len(), events, "{f}");
+        let peak = t.summary.peak_live as f64 / (1u64 << 30) as f64;
+        assert!((peak - gib).abs() < 0.006, "{f}: peak live {peak:.3} GiB");
+        assert_eq!(t.summary.allocs, t.summary.frees + t.summary.live_at_end);
+        // Release builds must load the biggest in well under a second (debug gets slack).
+        let limit = if cfg!(debug_assertions) { 20.0 } else { 1.0 };
+        assert!(took.as_secs_f64() < limit, "{f}: load took {took:?}");
+    }
+}
