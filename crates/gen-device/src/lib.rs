@@ -16,9 +16,73 @@
 
 use std::fmt;
 
+use std::str::FromStr;
+use std::sync::Arc;
+
+pub mod cuda;
 pub mod sim;
 
+pub use cuda::CudaDevice;
 pub use sim::{CallKind, SimCalls, SimConfig, SimDevice, SimOutstanding};
+
+/// Which implementation [`open`] returns.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum DeviceKind {
+    /// A [`SimDevice`] with the default configuration (the ordinal is recorded in its props).
+    Sim,
+    /// A [`CudaDevice`]; errors when no driver or device is present.
+    Cuda,
+    /// CUDA when a driver and the device are present, else a [`SimDevice`] (with a log line saying why).
+    #[default]
+    Auto,
+}
+
+/// The error of parsing a [`DeviceKind`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown device kind {0:?}: expected \"sim\", \"cuda\" or \"auto\"")]
+pub struct ParseDeviceKindError(pub String);
+
+impl FromStr for DeviceKind {
+    type Err = ParseDeviceKindError;
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "sim" => Ok(DeviceKind::Sim),
+            "cuda" => Ok(DeviceKind::Cuda),
+            "auto" => Ok(DeviceKind::Auto),
+            _ => Err(ParseDeviceKindError(s.to_string())),
+        }
+    }
+}
+
+impl fmt::Display for DeviceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DeviceKind::Sim => "sim",
+            DeviceKind::Cuda => "cuda",
+            DeviceKind::Auto => "auto",
+        })
+    }
+}
+
+/// Open device `ordinal` of the given kind, shared by the tiers.
+///
+/// `Auto` falls back to a [`SimDevice`] only when CUDA is absent ([`DeviceError::NoDriver`]); any other
+/// CUDA error (an ordinal out of range, a driver failure) is returned, so a misconfigured GPU machine does
+/// not silently run on the simulator.
+pub fn open(kind: DeviceKind, ordinal: usize) -> Result<Arc<dyn Device>> {
+    match kind {
+        DeviceKind::Sim => Ok(Arc::new(SimConfig::new().ordinal(ordinal).build()?)),
+        DeviceKind::Cuda => Ok(Arc::new(CudaDevice::new(ordinal)?)),
+        DeviceKind::Auto => match CudaDevice::new(ordinal) {
+            Ok(d) => Ok(Arc::new(d)),
+            Err(DeviceError::NoDriver(why)) => {
+                log::info!("no CUDA ({why}); using the simulated device");
+                Ok(Arc::new(SimConfig::new().ordinal(ordinal).build()?))
+            }
+            Err(e) => Err(e),
+        },
+    }
+}
 
 /// A device virtual address.
 pub type DevicePtr = u64;
@@ -217,4 +281,50 @@ pub trait Device: Send + Sync + fmt::Debug {
     fn read(&self, src: DevicePtr, out: &mut [u8]) -> Result<()>;
     /// Fill `[dst, dst + len)` with `byte`, stream-ordered on `stream`.
     fn memset_async(&self, dst: DevicePtr, byte: u8, len: u64, stream: StreamId) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_kind_parses_and_prints() {
+        for (s, k) in [
+            ("sim", DeviceKind::Sim),
+            ("CUDA", DeviceKind::Cuda),
+            (" auto ", DeviceKind::Auto),
+        ] {
+            let parsed: DeviceKind = s.parse().unwrap();
+            assert_eq!(parsed, k);
+            assert_eq!(parsed.to_string().parse::<DeviceKind>().unwrap(), k);
+        }
+        assert_eq!(
+            "gpu".parse::<DeviceKind>(),
+            Err(ParseDeviceKindError("gpu".into()))
+        );
+        assert_eq!(DeviceKind::default(), DeviceKind::Auto);
+    }
+
+    #[test]
+    fn open_sim_records_the_ordinal() {
+        let d = open(DeviceKind::Sim, 2).unwrap();
+        assert_eq!(d.props().ordinal, 2);
+        assert_eq!(d.props().name, "SimDevice");
+        let p = d.mem_alloc(1).unwrap();
+        d.mem_free(p).unwrap();
+    }
+
+    #[test]
+    fn errors_name_the_call_and_classify_oom() {
+        let e = DeviceError::OutOfMemory {
+            call: "cuMemCreate",
+            requested: 4096,
+        };
+        assert!(e.is_oom());
+        assert_eq!(
+            e.to_string(),
+            "cuMemCreate: out of device memory (4096 bytes requested)"
+        );
+        assert!(!DeviceError::Unsupported("x").is_oom());
+    }
 }
