@@ -69,13 +69,11 @@ fn push_chain_and_pop_race() {
         let t = thread::spawn(move || l2.push_chain(&[1, 2, 3]));
         let popped = list.pop();
         t.join().unwrap();
-        let mut got: Vec<u32> = popped.into_iter().collect();
-        assert!(got.len() == 1, "slot 0 was there from the start");
-        let rest = drain(&list);
-        // The chain stays contiguous and in order.
-        let pos = rest.iter().position(|&i| i == 1).unwrap();
-        assert_eq!(&rest[pos..pos + 3], &[1, 2, 3]);
-        got.extend(rest);
+        assert!(popped.is_some(), "slot 0 was there from the start");
+        // Stack order, top first: the popped slot, then the rest. The chain stays contiguous and ordered.
+        let got: Vec<u32> = popped.into_iter().chain(drain(&list)).collect();
+        let pos = got.iter().position(|&i| i == 1).unwrap();
+        assert_eq!(&got[pos..pos + 3], &[1, 2, 3]);
         assert_permutation(got, 4);
     });
 }
