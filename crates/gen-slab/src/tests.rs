@@ -1,1 +1,453 @@
+//! Unit tests on [`SimDevice`]: errors, stream rules, reclaim, threads.
 
+use std::collections::HashSet;
+use std::sync::{mpsc, Arc};
+
+use gen_device::{CallKind, Device, SimDevice};
+use gen_vmm::{PagePool, PagePoolConfig};
+
+use super::*;
+
+const MIB: u64 = 1 << 20;
+
+struct Fixture {
+    dev: Arc<SimDevice>,
+    pool: Arc<PagePool>,
+    slab: Slab,
+}
+
+fn fixture(cfg: SlabConfig) -> Fixture {
+    let dev = Arc::new(SimDevice::new());
+    let pool = PagePool::new(dev.clone(), PagePoolConfig::default()).unwrap();
+    let slab = Slab::new(&pool, dev.clone(), cfg).unwrap();
+    Fixture { dev, pool, slab }
+}
+
+fn small_cfg() -> SlabConfig {
+    SlabConfig { class_span: 64 * MIB, max_slots_per_class: 1 << 14, ..SlabConfig::default() }
+}
+
+#[test]
+fn alloc_free_roundtrip_reuses_on_the_same_stream() {
+    let f = fixture(small_cfg());
+    let s = &f.slab;
+    assert_eq!(s.max_size(), MIB);
+    let p = s.alloc(1000, 0, true).unwrap();
+    assert!(s.owns(p));
+    assert_eq!(p % 512, 0);
+    assert_eq!(s.free(p, 0).unwrap(), 1024);
+    assert_eq!(s.alloc(1024, 0, true).unwrap(), p, "LIFO reuse on the same stream");
+    let q = s.alloc(1024, 0, true).unwrap();
+    assert_ne!(p, q);
+    assert_eq!(q.abs_diff(p), 1024, "slots of a chunk are packed");
+    let st = s.stats();
+    assert_eq!(st.live_blocks, 2);
+    assert_eq!(st.live_bytes, 2048);
+    assert_eq!(st.chunks_committed, 1);
+    assert_eq!(st.committed_bytes, 2 * MIB);
+    s.free(p, 0).unwrap();
+    s.free(q, 0).unwrap();
+    assert_eq!(s.stats().live_blocks, 0);
+}
+
+#[test]
+fn bad_frees_are_typed_errors_and_change_nothing() {
+    let f = fixture(small_cfg());
+    let s = &f.slab;
+    let p = s.alloc(4096, 0, true).unwrap();
+    let inval = |r: Result<u64, SlabError>| matches!(r, Err(SlabError::InvalidFree { .. }));
+    assert!(inval(s.free(p + 512, 0)), "interior pointer");
+    assert!(inval(s.free(0x1234, 0)), "foreign pointer");
+    assert!(inval(s.free(s.base.wrapping_sub(4096), 0)), "just below the slab");
+    let end = s.base + ((s.class.len() as u64) << s.span_shift);
+    assert!(!s.owns(end) && inval(s.free(end, 0)), "just past the slab");
+    assert!(inval(s.free(p + 4096, 0)), "a free slot that was never handed out");
+    // Beyond the class's capacity but inside its span.
+    let c = &s.class[s.class_of(4096).unwrap().0];
+    let beyond = s.base + c.offset + u64::from(c.capacity) * c.size;
+    assert!(s.owns(beyond) && inval(s.free(beyond, 0)));
+    assert_eq!(s.stats().live_blocks, 1);
+    assert_eq!(s.free(p, 0).unwrap(), 4096);
+    assert!(inval(s.free(p, 0)), "double free");
+    assert!(inval(s.free(p, 7)), "double free on another stream");
+    assert_eq!(s.stats().live_blocks, 0);
+    // The slot is still usable exactly once.
+    assert_eq!(s.alloc(4096, 0, true).unwrap(), p);
+    assert_ne!(s.alloc(4096, 0, true).unwrap(), p);
+}
+
+#[test]
+fn unsupported_sizes_and_bad_configs_are_rejected() {
+    let f = fixture(small_cfg());
+    for size in [0, MIB + 1, u64::MAX] {
+        assert!(matches!(f.slab.alloc(size, 0, true), Err(SlabError::UnsupportedSize { .. })));
+        assert_eq!(f.slab.class_of(size), None);
+    }
+    let bad = [
+        SlabConfig { classes_per_doubling: 3, ..small_cfg() },
+        SlabConfig { classes_per_doubling: 32, ..small_cfg() },
+        SlabConfig { max_size: 0, ..small_cfg() },
+        SlabConfig { class_span: 3 * MIB, ..small_cfg() },
+        SlabConfig { class_span: MIB, ..small_cfg() },
+        SlabConfig { class_span: 8 << 30, ..small_cfg() },
+        SlabConfig { max_size: 128 * MIB, ..small_cfg() },
+        SlabConfig { chunk_bytes: 128 * MIB, ..small_cfg() },
+        SlabConfig { max_slots_per_class: 0, ..small_cfg() },
+        SlabConfig { shard_capacity: 0, ..small_cfg() },
+        SlabConfig { shard_capacity: 4096, ..small_cfg() },
+    ];
+    for cfg in bad {
+        let r = Slab::new(&f.pool, f.dev.clone(), cfg.clone());
+        assert!(matches!(r, Err(SlabError::InvalidConfig(_))), "{cfg:?}");
+    }
+}
+
+#[test]
+fn would_grow_passes_up_and_nothing_changes() {
+    let f = fixture(small_cfg());
+    let s = &f.slab;
+    assert!(matches!(s.alloc(512, 0, false), Err(SlabError::WouldGrow { pages: 1 })));
+    assert_eq!(s.stats().committed_bytes, 0);
+    assert_eq!(f.pool.stats().pages_held, 0);
+    let p = s.alloc(512, 0, true).unwrap();
+    // The rest of the chunk is served without growing.
+    for _ in 0..100 {
+        s.alloc(512, 0, false).unwrap();
+    }
+    assert_eq!(f.pool.stats().pages_held, 1);
+    s.free(p, 0).unwrap();
+}
+
+#[test]
+fn class_full_is_reported() {
+    let cfg = SlabConfig { max_slots_per_class: 4096, ..small_cfg() };
+    let f = fixture(cfg);
+    let s = &f.slab;
+    let mut seen = HashSet::new();
+    for _ in 0..4096 {
+        assert!(seen.insert(s.alloc(512, 0, true).unwrap()));
+    }
+    assert!(matches!(s.alloc(512, 0, true), Err(SlabError::ClassFull { class_size: 512, capacity: 4096 })));
+    // Another class is unaffected.
+    s.alloc(1024, 0, true).unwrap();
+    let p = *seen.iter().next().unwrap();
+    s.free(p, 0).unwrap();
+    assert_eq!(s.alloc(512, 0, true).unwrap(), p);
+}
+
+#[test]
+fn a_single_stream_never_records_events() {
+    let f = fixture(small_cfg());
+    let s = &f.slab;
+    let before = f.dev.calls();
+    let mut live = Vec::new();
+    for i in 0..2000u64 {
+        live.push(s.alloc(512 + (i * 977) % (256 << 10), 5, true).unwrap());
+        if i % 3 == 0 {
+            let p = live.swap_remove((i as usize * 7) % live.len());
+            s.free(p, 5).unwrap();
+        }
+    }
+    for p in live {
+        s.free(p, 5).unwrap();
+    }
+    let d = f.dev.calls().since(&before);
+    assert_eq!(d.get(CallKind::EventRecord), 0);
+    assert_eq!(d.get(CallKind::EventCreate), 0);
+    assert_eq!(d.get(CallKind::Synchronize), 0);
+    assert_eq!(s.stats().migrations, 0);
+}
+
+#[test]
+fn the_second_stream_makes_earlier_frees_safe_with_one_synchronize() {
+    let f = fixture(small_cfg());
+    let s = &f.slab;
+    let t = f.dev.stream_create().unwrap();
+    let p = s.alloc(MIB, 0, true).unwrap();
+    let q = s.alloc(MIB, 0, true).unwrap();
+    s.free(p, 0).unwrap();
+    s.free(q, 0).unwrap();
+    let before = f.dev.calls();
+    let a = s.alloc(MIB, t, true).unwrap();
+    let b = s.alloc(MIB, t, true).unwrap();
+    assert_eq!(HashSet::from([a, b]), HashSet::from([p, q]), "reused, not new memory");
+    let d = f.dev.calls().since(&before);
+    assert_eq!(d.get(CallKind::Synchronize), 1);
+    assert_eq!(d.get(CallKind::EventRecord), 0);
+    assert_eq!(s.stats().committed_bytes, 2 * MIB);
+}
+
+/// The stream rule: a block freed on a paused stream S is reused at once on S, never on T until S's work
+/// before the free has completed.
+#[test]
+fn a_block_freed_on_a_paused_stream_waits_for_it() {
+    let f = fixture(small_cfg());
+    let s = &f.slab;
+    let (s1, s2) = (f.dev.stream_create().unwrap(), f.dev.stream_create().unwrap());
+    // Register both streams while nothing is paused; 1 MiB blocks: two per chunk.
+    let a1 = s.alloc(MIB, s1, true).unwrap();
+    let a2 = s.alloc(MIB, s1, true).unwrap();
+    let z = s.alloc(MIB, s2, true).unwrap();
+    s.free(z, s2).unwrap();
+    let z = s.alloc(MIB, s2, true).unwrap();
+    // A long kernel on s1 uses a1 and a2 (queued before their frees).
+    f.dev.pause_stream(s1).unwrap();
+    f.dev.memset_async(a1, 0, MIB, s1).unwrap();
+    f.dev.memset_async(a2, 0, MIB, s1).unwrap();
+    // Same stream: at once.
+    s.free(a1, s1).unwrap();
+    assert_eq!(s.alloc(MIB, s1, true).unwrap(), a1);
+    s.free(a1, s1).unwrap();
+    s.free(a2, s1).unwrap();
+    // Other stream: never while s1 is paused, even when it would have to grow.
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        let p = s.alloc(MIB, s2, true).unwrap();
+        assert!(p != a1 && p != a2, "block freed on a paused stream handed to another stream");
+        got.push(p);
+    }
+    let mut would_grow = false;
+    for _ in 0..4 {
+        match s.alloc(MIB, s2, false) {
+            Ok(p) => {
+                assert!(p != a1 && p != a2, "block freed on a paused stream handed to another stream");
+                got.push(p);
+            }
+            Err(SlabError::WouldGrow { .. }) => {
+                would_grow = true;
+                break;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(would_grow, "under memory pressure the pending batch is waited for, not taken");
+    let st = s.stats();
+    assert_eq!(st.migrations, 1);
+    assert_eq!(st.pending_blocks, 2);
+    f.dev.resume_stream(s1).unwrap();
+    let n_got = got.len();
+    for p in got {
+        s.free(p, s2).unwrap();
+    }
+    // s2's own frees come first (LIFO, same stream), then the completed batch.
+    let mut again = HashSet::new();
+    for _ in 0..n_got + 2 {
+        again.insert(s.alloc(MIB, s2, false).unwrap());
+    }
+    assert!(again.contains(&a1) && again.contains(&a2), "after the resume the batch is reusable");
+    assert_eq!(s.stats().pending_blocks, 0);
+    s.free(z, s2).unwrap();
+}
+
+#[test]
+fn streams_beyond_the_table_take_the_overflow_path() {
+    let f = fixture(small_cfg());
+    let s = &f.slab;
+    let streams: Vec<_> = (0..STREAM_SLOTS + 2).map(|_| f.dev.stream_create().unwrap()).collect();
+    let mut blocks = Vec::new();
+    for &st in &streams {
+        blocks.push((s.alloc(2048, st, true).unwrap(), st));
+    }
+    assert_eq!(s.stats().streams, STREAM_SLOTS);
+    let before = f.dev.calls();
+    for &(p, st) in &blocks {
+        s.free(p, st).unwrap();
+    }
+    let d = f.dev.calls().since(&before);
+    assert_eq!(d.get(CallKind::EventRecord), 2, "one event per overflow free");
+    assert_eq!(s.stats().overflow_frees, 2);
+    let (p, st) = blocks[STREAM_SLOTS];
+    assert!(matches!(s.free(p, st), Err(SlabError::InvalidFree { .. })), "double free on the overflow path");
+    // The overflow frees complete and are reused.
+    let c = &s.class[s.class_of(2048).unwrap().0];
+    s.poll_pending(&mut c.slow.lock(), c.lists[IDLE].get().unwrap()).unwrap();
+    assert_eq!(s.stats().pending_blocks, 0);
+    for _ in 0..blocks.len() {
+        s.alloc(2048, streams[STREAM_SLOTS + 1], true).unwrap();
+    }
+}
+
+#[test]
+fn reclaim_returns_empty_chunks_and_keeps_partial_ones() {
+    let f = fixture(small_cfg());
+    let s = &f.slab;
+    // 4 KiB class: 512 slots per 2 MiB chunk; 3000 blocks = 6 chunks.
+    let ptrs: Vec<_> = (0..3000).map(|_| s.alloc(4096, 0, true).unwrap()).collect();
+    assert_eq!(s.stats().committed_bytes, 12 * MIB);
+    assert_eq!(f.pool.stats().pages_in_use, 6);
+    // Keep one block alive in the first chunk.
+    let keep = ptrs[0];
+    for &p in &ptrs[1..] {
+        s.free(p, 0).unwrap();
+    }
+    let before = f.dev.calls();
+    let released = s.reclaim().unwrap();
+    assert_eq!(released, 10 * MIB);
+    // Freed on a stream: one synchronize made them safe.
+    assert_eq!(f.dev.calls().since(&before).get(CallKind::Synchronize), 1);
+    let st = s.stats();
+    assert_eq!((st.chunks_committed, st.committed_bytes, st.live_blocks), (1, 2 * MIB, 1));
+    assert_eq!(st.free_blocks, 511);
+    assert_eq!(f.pool.stats().pages_in_use, 1);
+    // Nothing left to reclaim; no further synchronize needed.
+    assert_eq!(s.reclaim().unwrap(), 0);
+    // Reuse: the free slots of the kept chunk first, then released chunks are recommitted.
+    let again: Vec<_> = (0..1000).map(|_| s.alloc(4096, 0, true).unwrap()).collect();
+    let set: HashSet<_> = again.iter().copied().chain([keep]).collect();
+    assert_eq!(set.len(), 1001);
+    assert_eq!(s.stats().committed_bytes, 4 * MIB);
+    for p in again.into_iter().chain([keep]) {
+        s.free(p, 0).unwrap();
+    }
+    assert_eq!(s.reclaim().unwrap(), 4 * MIB);
+    let st = s.stats();
+    assert_eq!((st.committed_bytes, st.chunks_committed, st.live_blocks), (0, 0, 0));
+    assert_eq!(st.peak_committed_bytes, 12 * MIB);
+    assert_eq!(f.pool.stats().pages_in_use, 0);
+}
+
+#[test]
+fn reclaim_of_safe_slots_needs_no_synchronize_and_unsafe_chunks_wait() {
+    let f = fixture(small_cfg());
+    let s = &f.slab;
+    let t = f.dev.stream_create().unwrap();
+    let p = s.alloc(1024, 0, true).unwrap();
+    s.free(p, 0).unwrap();
+    // A second stream: one synchronize moves p to the idle list.
+    let x = s.alloc(2048, t, true).unwrap();
+    let before = f.dev.calls();
+    assert_eq!(s.reclaim().unwrap(), 2 * MIB, "the 1 KiB chunk is all idle");
+    assert_eq!(f.dev.calls().since(&before).get(CallKind::Synchronize), 0);
+    // A chunk whose last slot was freed on a paused stream cannot go without a synchronize, and the
+    // synchronize cannot complete: the chunk stays, the error is reported.
+    f.dev.pause_stream(t).unwrap();
+    let r = s.alloc(1 << 16, t, true).unwrap();
+    f.dev.memset_async(r, 0, 1 << 16, t).unwrap();
+    s.free(r, t).unwrap();
+    let committed = s.stats().committed_bytes;
+    assert!(matches!(s.reclaim(), Err(SlabError::Device(_))));
+    assert_eq!(s.stats().committed_bytes, committed, "unsafe chunk kept");
+    assert_eq!(s.alloc(1 << 16, t, true).unwrap(), r, "and its slots are back on their stream's list");
+    s.free(r, t).unwrap();
+    f.dev.resume_stream(t).unwrap();
+    assert_eq!(s.reclaim().unwrap(), 2 * MIB);
+    s.free(x, t).unwrap();
+    assert_eq!(s.reclaim().unwrap(), 2 * MIB);
+    assert_eq!(s.stats().committed_bytes, 0);
+}
+
+#[test]
+fn stress_threads_alloc_here_free_there() {
+    let f = fixture(SlabConfig { max_size: 64 << 10, ..small_cfg() });
+    let slab = Arc::new(f.slab);
+    let t1 = f.dev.stream_create().unwrap();
+    let threads = 4;
+    let iters = if cfg!(miri) { 200 } else { 20_000 };
+    let held = Arc::new(parking_lot::Mutex::new(HashSet::new()));
+    let (txs, rxs): (Vec<_>, Vec<_>) = (0..threads).map(|_| mpsc::channel::<u64>()).unzip();
+    let handles: Vec<_> = rxs
+        .into_iter()
+        .enumerate()
+        .map(|(i, rx)| {
+            let slab = slab.clone();
+            let held = held.clone();
+            let next = txs[(i + 1) % threads].clone();
+            let stream = if i % 2 == 0 { 0 } else { t1 };
+            std::thread::spawn(move || {
+                let mut mine = Vec::new();
+                let mut x = 0x9E37_79B9u64 + i as u64;
+                for k in 0..iters {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let size = 1 + x % (64 << 10);
+                    let p = slab.alloc(size, stream, true).unwrap();
+                    assert!(held.lock().insert(p), "address {p:#x} handed out twice");
+                    mine.push(p);
+                    if k % 3 == 0 {
+                        let q = mine.swap_remove((x >> 20) as usize % mine.len());
+                        next.send(q).unwrap();
+                    }
+                    if mine.len() > 64 {
+                        let q = mine.swap_remove((x >> 30) as usize % mine.len());
+                        assert!(held.lock().remove(&q));
+                        slab.free(q, stream).unwrap();
+                    }
+                    while let Ok(q) = rx.try_recv() {
+                        assert!(held.lock().remove(&q));
+                        slab.free(q, stream).unwrap();
+                    }
+                }
+                (mine, rx)
+            })
+        })
+        .collect();
+    drop(txs);
+    let leftovers: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    for (mine, rx) in leftovers {
+        for q in mine.into_iter().chain(rx.try_iter()) {
+            assert!(held.lock().remove(&q));
+            slab.free(q, 0).unwrap();
+        }
+    }
+    assert!(held.lock().is_empty());
+    let st = slab.stats();
+    assert_eq!(st.live_blocks, 0);
+    assert!(st.free_blocks > 0);
+    slab.reclaim().unwrap();
+    let st = slab.stats();
+    assert_eq!((st.committed_bytes, st.chunks_committed), (0, 0));
+    assert_eq!(f.pool.stats().pages_in_use, 0);
+}
+
+#[test]
+fn drop_returns_pages_and_events() {
+    let f = fixture(small_cfg());
+    let t = f.dev.stream_create().unwrap();
+    let p = f.slab.alloc(MIB, 0, true).unwrap();
+    let q = f.slab.alloc(MIB, 0, true).unwrap();
+    f.slab.alloc(MIB, t, true).unwrap();
+    f.slab.free(p, 0).unwrap();
+    f.slab.free(q, t).unwrap();
+    let Fixture { dev, pool, slab } = f;
+    drop(slab);
+    assert_eq!(pool.stats().pages_in_use, 0);
+    assert_eq!(dev.outstanding().events, 0);
+    assert_eq!(dev.outstanding().va_reservations, 0);
+}
+
+/// Single-thread alloc+free pair latency on the hot path (run with `--release -- --ignored`).
+#[test]
+#[ignore]
+fn timing_alloc_free_pair() {
+    let f = fixture(SlabConfig::default());
+    let s = &f.slab;
+    let sizes = [512u64, 4096, 1536, 65536, 300_000];
+    // Warm: commit a chunk per class.
+    for &z in &sizes {
+        let p = s.alloc(z, 0, true).unwrap();
+        s.free(p, 0).unwrap();
+    }
+    let n = 10_000_000u64;
+    let t0 = std::time::Instant::now();
+    for i in 0..n {
+        let p = s.alloc(sizes[(i % 5) as usize], 0, false).unwrap();
+        s.free(std::hint::black_box(p), 0).unwrap();
+    }
+    let pair = t0.elapsed().as_nanos() as f64 / n as f64;
+    // 8 live per class in flight: LIFO reuse across a small working set.
+    let mut ring = [0u64; 8];
+    for (i, r) in ring.iter_mut().enumerate() {
+        *r = s.alloc(sizes[i % 5], 0, false).unwrap();
+    }
+    let t0 = std::time::Instant::now();
+    for i in 0..n {
+        let k = (i % 8) as usize;
+        s.free(ring[k], 0).unwrap();
+        ring[k] = s.alloc(sizes[(i % 5) as usize], 0, false).unwrap();
+    }
+    let ring_pair = t0.elapsed().as_nanos() as f64 / n as f64;
+    println!("gen-slab: alloc+free pair {pair:.1} ns (immediate), {ring_pair:.1} ns (8 in flight)");
+}
+
+mod props;
