@@ -533,7 +533,8 @@ impl StreamCache {
                     groups.push(Group {
                         shard: si,
                         size,
-                        stream: Some(b.src),
+                        // A batch emptied by takes on its own stream holds only an event to recycle.
+                        stream: (!b.ptrs.is_empty()).then_some(b.src),
                         event: Some(b.event),
                         ptrs: b.ptrs,
                     });
@@ -578,7 +579,10 @@ impl StreamCache {
                 ptrs: g.ptrs,
             }),
             (Some(s), None) => entry.list_mut(s, spare).extend(g.ptrs),
-            (None, _) => entry.safe.extend(g.ptrs),
+            (None, event) => {
+                entry.safe.extend(g.ptrs);
+                self.events.lock().extend(event);
+            }
         }
     }
 
