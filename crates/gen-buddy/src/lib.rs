@@ -194,16 +194,8 @@ impl Buddy {
     pub fn alloc(&self, size: u64, grow: bool) -> Result<u64, BuddyError> {
         let rounded = round_size(size).ok_or(BuddyError::InvalidSize(size))?;
         let mut g = self.inner.lock();
-        // Best fit over the regions: the smallest order that holds the request; ties to lower addresses.
-        let mut best: Option<(u32, usize)> = None;
-        for (i, a) in g.arenas.iter().enumerate() {
-            if let Some(o) = a.core.fit_order(rounded) {
-                if best.is_none_or(|(bo, _)| o < bo) {
-                    best = Some((o, i));
-                }
-            }
-        }
-        let placed = best.and_then(|(_, i)| g.arenas[i].core.alloc(rounded).map(|off| (i, off)));
+        // First fit over the regions in address order (each core places at its lowest fitting address).
+        let placed = g.arenas.iter_mut().enumerate().find_map(|(i, a)| a.core.alloc(rounded).map(|off| (i, off)));
         let (idx, off, created) = match placed {
             Some((i, off)) => (i, off, false),
             None => {
