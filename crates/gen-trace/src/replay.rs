@@ -193,8 +193,7 @@ impl ReplayPlan {
     /// Compiles `trace`. Fails on events a validated [`Trace`] cannot contain (a free of a dead address,
     /// an alloc of a live one, size 0), which a hand-built trace might.
     pub fn new(trace: &Trace) -> Result<ReplayPlan, ReplayError> {
-        let mut slot_of: std::collections::HashMap<u64, (u32, u64, u64)> =
-            std::collections::HashMap::new();
+        let mut slot_of: crate::trace::AddrMap<(u32, u64, u64)> = Default::default();
         let mut free_slots: Vec<u32> = Vec::new();
         let mut slots: u32 = 0;
         let mut ops = Vec::with_capacity(trace.events.len());
