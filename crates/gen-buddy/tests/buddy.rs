@@ -251,6 +251,11 @@ fn concurrent_alloc_free_and_owns() {
     b.check().unwrap();
 }
 
+fn cases() -> u32 {
+    let default = if cfg!(miri) { 4 } else { 64 };
+    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
 #[derive(Clone, Debug)]
 enum Action {
     Alloc(u64),
@@ -269,7 +274,8 @@ fn action() -> impl Strategy<Value = Action> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: if cfg!(miri) { 4 } else { 64 }, ..ProptestConfig::default() })]
+    // 64 cases by default (~1 s); PROPTEST_CASES overrides for a longer soak.
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
     #[test]
     fn random_actions_match_the_model(actions in prop::collection::vec(action(), 1..120)) {
