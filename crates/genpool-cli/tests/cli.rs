@@ -1,0 +1,238 @@
+//! End-to-end tests of the `genpool` binary: the embedded trace, every shared trace (few passes),
+//! `--json` output parsed, and malformed input (exit 2, one `genpool: file:line: ...` line on stderr).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn genpool(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_genpool"))
+        .args(args)
+        .output()
+        .expect("run genpool")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8(o.stderr.clone()).unwrap()
+}
+
+/// The shared real traces: `$GENPOOL_TRACE_DIR`, else `<workspace>/../shared/traces`.
+fn shared_traces() -> PathBuf {
+    std::env::var_os("GENPOOL_TRACE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces"))
+}
+
+fn json_lines(o: &Output) -> Vec<serde_json::Value> {
+    stdout(o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON line {l:?}: {e}")))
+        .collect()
+}
+
+#[test]
+fn embedded_trace_table() {
+    let o = genpool(&["replay", "--passes", "2"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.starts_with("resnet50_train: 25,814 ops (13,149 allocs, 12,665 frees), 1 stream, peak live 2.97 GiB, 2 passes"),
+        "{out}"
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[1].split_whitespace().eq([
+        "allocator",
+        "device",
+        "peak",
+        "reserved",
+        "ratio",
+        "ns/op"
+    ]));
+    for (line, name) in lines[2..4].iter().zip(["bfc", "buddy"]) {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(cols[0], name);
+        assert_eq!(cols[1], "host");
+        let ratio: f64 = cols[4].parse().unwrap();
+        assert!((1.0..2.0).contains(&ratio), "{line}");
+        let ns: f64 = cols[5].parse().unwrap();
+        assert!(ns > 0.0, "{line}");
+    }
+    assert!(
+        stderr(&o).is_empty(),
+        "no progress bar when stderr is not a terminal"
+    );
+}
+
+#[test]
+fn json_output_has_the_issue_keys() {
+    let o = genpool(&[
+        "replay",
+        "--json",
+        "--passes",
+        "3",
+        "--ignore-site",
+        "--allocator",
+        "bfc",
+        "--allocator",
+        "buddy",
+        "--device",
+        "sim",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows = json_lines(&o);
+    assert_eq!(rows.len(), 2, "one object per trace and allocator");
+    for (r, name) in rows.iter().zip(["bfc", "buddy"]) {
+        assert_eq!(r["trace"], "resnet50_train");
+        assert_eq!(r["allocator"], name);
+        assert_eq!(r["ops"], 25_814);
+        assert_eq!(r["passes"], 3);
+        assert_eq!(r["ignore_site"], true);
+        assert_eq!(r["ns_per_op_passes"].as_array().unwrap().len(), 2);
+        let live = r["peak_live"].as_u64().unwrap();
+        let reserved = r["peak_reserved"].as_u64().unwrap();
+        assert!(reserved >= live);
+        assert!((r["ratio"].as_f64().unwrap() - reserved as f64 / live as f64).abs() < 1e-12);
+        assert!(r["ns_per_op"].as_f64().unwrap() > 0.0);
+        assert!(r["tiers"].is_array());
+        assert!(r.get("classifier").is_some());
+        assert!(r.get("device").is_some());
+    }
+}
+
+#[test]
+fn every_shared_trace_replays() {
+    let dir = shared_traces();
+    assert!(
+        dir.is_dir(),
+        "shared traces not found at {} (set GENPOOL_TRACE_DIR)",
+        dir.display()
+    );
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with(".csv.gz"))
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 4, "{files:?}");
+    let mut args = vec!["replay", "--json", "--passes", "2"];
+    args.extend(files.iter().map(String::as_str));
+    let o = genpool(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows = json_lines(&o);
+    assert_eq!(rows.len(), 8);
+    // peak live from traces/README.md.
+    for (name, gib) in [
+        ("gpt2_generate_kv", 0.84),
+        ("gpt2_train_fixed", 12.66),
+        ("gpt2m_train_varlen", 35.87),
+        ("resnet50_train", 2.97),
+    ] {
+        let mine: Vec<_> = rows.iter().filter(|r| r["trace"] == name).collect();
+        assert_eq!(mine.len(), 2, "{name}");
+        for r in mine {
+            let live = r["peak_live"].as_u64().unwrap() as f64 / (1u64 << 30) as f64;
+            assert!((live - gib).abs() < 0.006, "{name}: {live}");
+            assert!(r["ratio"].as_f64().unwrap() >= 1.0, "{r}");
+        }
+    }
+}
+
+fn tmp(name: &str, body: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("genpool-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, body).unwrap();
+    p
+}
+
+fn bad(name: &str, body: &str, expect: &str) {
+    let p = tmp(name, body);
+    let ps = p.to_string_lossy().into_owned();
+    let o = genpool(&["replay", &ps, "--passes", "1"]);
+    assert_eq!(o.status.code(), Some(2), "{name}: {}", stderr(&o));
+    let err = stderr(&o);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    let want = format!("genpool: {ps}:{expect}");
+    assert!(err.starts_with(&want), "{name}: got {err:?}, want {want:?}");
+    assert!(stdout(&o).is_empty(), "nothing replayed before the error");
+}
+
+#[test]
+fn malformed_files_exit_2_with_file_and_line() {
+    let h = "t_us,action,addr,size,stream,site\n";
+    bad(
+        "action.csv",
+        &format!("{h}1,a,512,512,0,0\n2,q,512,512,0,0\n"),
+        "3: unknown action `q`",
+    );
+    bad(
+        "number.csv",
+        &format!("{h}1,a,0x200,512,0,0\n"),
+        "2: addr: `0x200` is not",
+    );
+    bad(
+        "dead.csv",
+        &format!("{h}1,f,512,512,0,0\n"),
+        "2: free of 0x200, which is not live",
+    );
+    bad(
+        "twice.csv",
+        &format!("{h}1,a,512,512,0,0\n1,a,512,512,0,0\n"),
+        "3: allocation at 0x200, which is already live",
+    );
+    bad(
+        "zero.csv",
+        &format!("{h}1,a,512,0,0,0\n"),
+        "2: allocation of size 0",
+    );
+    bad("noheader.csv", "1,a,512,512,0,0\n", "1: missing header");
+    bad(
+        "short.csv",
+        &format!("{h}1,a,512\n"),
+        "2: expected 6 fields",
+    );
+}
+
+#[test]
+fn a_bad_file_fails_before_any_replay() {
+    let good = tmp(
+        "good.csv",
+        "t_us,action,addr,size,stream,site\n1,a,512,512,0,0\n",
+    );
+    let badp = tmp(
+        "bad2.csv",
+        "t_us,action,addr,size,stream,site\n1,z,512,512,0,0\n",
+    );
+    let o = genpool(&[
+        "replay",
+        "--json",
+        &good.to_string_lossy(),
+        &badp.to_string_lossy(),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stdout(&o).is_empty());
+}
+
+#[test]
+fn usage_errors() {
+    let o = genpool(&["replay", "--allocator", "nope"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(
+        stderr(&o),
+        "genpool: unknown allocator `nope` (known: bfc, buddy)\n"
+    );
+    let o = genpool(&["replay", "--passes", "0"]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = genpool(&["replay", "--device", "tpu"]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = genpool(&["replay", "/definitely/not/here.csv"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).starts_with("genpool: /definitely/not/here.csv: cannot open"));
+    let o = genpool(&["--help"]);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(stdout(&o).contains("replay"));
+}
