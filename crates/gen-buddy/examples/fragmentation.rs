@@ -54,9 +54,18 @@ struct Run {
 
 impl Run {
     fn new() -> Self {
-        let dev = Arc::new(SimDevice::config().capacity(256 << 30).build().expect("sim device"));
+        let dev = Arc::new(
+            SimDevice::config()
+                .capacity(256 << 30)
+                .build()
+                .expect("sim device"),
+        );
         let pool = PagePool::new(dev as Arc<dyn Device>, PagePoolConfig::default()).expect("pool");
-        Run { buddy: Buddy::new(&pool, BuddyConfig::default()).expect("buddy"), live: 0, peak_live: 0 }
+        Run {
+            buddy: Buddy::new(&pool, BuddyConfig::default()).expect("buddy"),
+            live: 0,
+            peak_live: 0,
+        }
     }
     fn alloc(&mut self, size: u64) -> u64 {
         let p = self.buddy.alloc(size, true).expect("alloc");
@@ -80,7 +89,10 @@ impl Run {
 }
 
 fn main() {
-    for (name, layers, h, v) in [("GPT-2 small", 12, 768, 50257), ("GPT-2 medium", 24, 1024, 50257)] {
+    for (name, layers, h, v) in [
+        ("GPT-2 small", 12, 768, 50257),
+        ("GPT-2 medium", 24, 1024, 50257),
+    ] {
         // Parameters, then gradients, then AdamW's two moment buffers: all long-lived.
         let params = gpt_params(layers, h, v, 1024);
         let mut r = Run::new();

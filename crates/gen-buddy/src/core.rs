@@ -40,7 +40,8 @@ pub fn round_size(size: u64) -> Option<u64> {
     if size == 0 {
         return None;
     }
-    size.checked_add(MIN_BLOCK - 1).map(|s| s & !(MIN_BLOCK - 1))
+    size.checked_add(MIN_BLOCK - 1)
+        .map(|s| s & !(MIN_BLOCK - 1))
 }
 
 /// Why a [`BuddyCore`] cannot be built.
@@ -72,7 +73,8 @@ impl BuddyCore {
     /// A core over `[0, len)`, wholly free. `len` must be a power of two between 512 B and
     /// `512 << MAX_ORDER`.
     pub fn new(len: u64) -> Result<Self, CoreError> {
-        if !len.is_power_of_two() || len < MIN_BLOCK || len.trailing_zeros() - MIN_SHIFT > MAX_ORDER {
+        if !len.is_power_of_two() || len < MIN_BLOCK || len.trailing_zeros() - MIN_SHIFT > MAX_ORDER
+        {
             return Err(CoreError::BadLength(len));
         }
         let max_order = len.trailing_zeros() - MIN_SHIFT;
@@ -130,7 +132,9 @@ impl BuddyCore {
 
     /// End (in units) of the highest live block; everything above it is free.
     fn frontier(&self) -> u64 {
-        self.live.last_key_value().map_or(0, |(&start, &units)| start + units)
+        self.live
+            .last_key_value()
+            .map_or(0, |(&start, &units)| start + units)
     }
 
     /// Where an allocation of `size` bytes would go, as a byte offset, or `None` when it does not fit
@@ -182,7 +186,9 @@ impl BuddyCore {
                 self.remove_free(off, order);
                 // Tail [off + units, off + 2^order): maximal aligned blocks whose buddies lie inside the
                 // block just taken (live or another tail piece), so none can coalesce.
-                self.decompose(off + units, off + (1u64 << order), |core, o, ord| core.push_free(o, ord));
+                self.decompose(off + units, off + (1u64 << order), |core, o, ord| {
+                    core.push_free(o, ord)
+                });
                 off
             }
             Placement::Frontier { at } => {
@@ -213,7 +219,9 @@ impl BuddyCore {
         if offset % MIN_BLOCK != 0 {
             return None;
         }
-        self.live.get(&(offset >> MIN_SHIFT)).map(|u| u << MIN_SHIFT)
+        self.live
+            .get(&(offset >> MIN_SHIFT))
+            .map(|u| u << MIN_SHIFT)
     }
 
     /// Free the live block starting at byte offset `offset`; returns its size in bytes, or `None` when no
@@ -225,13 +233,19 @@ impl BuddyCore {
         let start = offset >> MIN_SHIFT;
         let units = self.live.remove(&start)?;
         self.live_units -= units;
-        self.decompose(start, start + units, |core, off, o| core.insert_coalescing(off, o));
+        self.decompose(start, start + units, |core, off, o| {
+            core.insert_coalescing(off, o)
+        });
         Some(units << MIN_SHIFT)
     }
 
     /// Order of the largest aligned block starting at unit `from` that ends at or before `to`.
     fn greedy_order(from: u64, to: u64, max_order: u32) -> u32 {
-        let align = if from == 0 { max_order } else { from.trailing_zeros().min(max_order) };
+        let align = if from == 0 {
+            max_order
+        } else {
+            from.trailing_zeros().min(max_order)
+        };
         align.min(63 - (to - from).leading_zeros())
     }
 
@@ -308,25 +322,36 @@ impl BuddyCore {
                 mask |= 1 << o;
             }
             if set.len() != self.free_bits[o].count_ones() {
-                return Err(format!("order {o}: list has {} blocks, bitmap {}", set.len(), self.free_bits[o].count_ones()));
+                return Err(format!(
+                    "order {o}: list has {} blocks, bitmap {}",
+                    set.len(),
+                    self.free_bits[o].count_ones()
+                ));
             }
             for &off in set {
                 if off & ((1u64 << o) - 1) != 0 {
                     return Err(format!("order {o}: free block at unit {off} misaligned"));
                 }
                 if !self.free_bits[o][(off >> o) as usize] {
-                    return Err(format!("order {o}: free block at unit {off} missing from bitmap"));
+                    return Err(format!(
+                        "order {o}: free block at unit {off} missing from bitmap"
+                    ));
                 }
                 if o < self.max_order as usize {
                     let buddy = off ^ (1u64 << o);
                     if self.free_bits[o][(buddy >> o) as usize] {
-                        return Err(format!("order {o}: free buddies {off} and {buddy} not coalesced"));
+                        return Err(format!(
+                            "order {o}: free buddies {off} and {buddy} not coalesced"
+                        ));
                     }
                 }
             }
         }
         if mask != self.nonempty {
-            return Err(format!("nonempty mask {:#x}, lists say {mask:#x}", self.nonempty));
+            return Err(format!(
+                "nonempty mask {:#x}, lists say {mask:#x}",
+                self.nonempty
+            ));
         }
         // Free and live ranges must tile [0, len) exactly.
         let mut all = self.free_ranges();
@@ -335,7 +360,9 @@ impl BuddyCore {
         let mut at = 0;
         for (off, len) in all {
             if off != at {
-                return Err(format!("gap or overlap at byte {at:#x} (next range starts at {off:#x})"));
+                return Err(format!(
+                    "gap or overlap at byte {at:#x} (next range starts at {off:#x})"
+                ));
             }
             at = off + len;
         }
@@ -344,7 +371,10 @@ impl BuddyCore {
         }
         let live: u64 = self.live.values().sum();
         if live != self.live_units {
-            return Err(format!("live units {} recorded, {live} in blocks", self.live_units));
+            return Err(format!(
+                "live units {} recorded, {live} in blocks",
+                self.live_units
+            ));
         }
         Ok(())
     }
@@ -444,7 +474,15 @@ mod tests {
         let mut c = BuddyCore::new(64 * U).unwrap();
         // 37 units = 32 + 4 + 1; the tail [37, 64) is 1@37, 2@38, 8@40, 16@48.
         assert_eq!(c.alloc(37 * U), Some(0));
-        assert_eq!(c.free_ranges(), vec![(37 * U, U), (38 * U, 2 * U), (40 * U, 8 * U), (48 * U, 16 * U)]);
+        assert_eq!(
+            c.free_ranges(),
+            vec![
+                (37 * U, U),
+                (38 * U, 2 * U),
+                (40 * U, 8 * U),
+                (48 * U, 16 * U)
+            ]
+        );
         c.check().unwrap();
         assert_eq!(c.free(0), Some(37 * U));
         assert_eq!(c.free_ranges(), vec![(0, 64 * U)]);
@@ -489,7 +527,11 @@ mod tests {
     /// Random alloc/free against a model of live ranges: no overlap, alignment, exact sizes, structure.
     #[test]
     fn random_stress_against_model() {
-        let (rounds, len) = if cfg!(miri) { (300, 256 * U) } else { (20_000, 4096 * U) };
+        let (rounds, len) = if cfg!(miri) {
+            (300, 256 * U)
+        } else {
+            (20_000, 4096 * U)
+        };
         let mut c = BuddyCore::new(len).unwrap();
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         let mut live: Vec<(u64, u64)> = Vec::new();
@@ -502,13 +544,20 @@ mod tests {
                     Some(off) => {
                         assert_eq!(off % U, 0);
                         assert!(off + rounded <= len);
-                        assert!(live.iter().all(|&(o, s)| off + rounded <= o || o + s <= off), "overlap");
+                        assert!(
+                            live.iter()
+                                .all(|&(o, s)| off + rounded <= o || o + s <= off),
+                            "overlap"
+                        );
                         assert_eq!(c.block_size(off), Some(rounded));
                         live.push((off, rounded));
                     }
                     None => {
                         // Exact fit needs a power-of-two block of >= rounded; none may exist.
-                        assert!(c.largest_free() < rounded, "alloc failed with a large enough free block");
+                        assert!(
+                            c.largest_free() < rounded,
+                            "alloc failed with a large enough free block"
+                        );
                     }
                 }
             } else {

@@ -33,8 +33,8 @@ use gen_vmm::{PagePool, Region, VmmError};
 use parking_lot::Mutex;
 
 pub use crate::core::{round_size, BuddyCore, CoreError, MAX_ORDER, MIN_BLOCK};
-pub use crate::table::MAX_REGIONS;
 use crate::table::RangeTable;
+pub use crate::table::MAX_REGIONS;
 use crate::tally::PageTally;
 
 /// Errors of the buddy tier.
@@ -89,7 +89,10 @@ pub struct BuddyConfig {
 
 impl Default for BuddyConfig {
     fn default() -> Self {
-        BuddyConfig { region_len: 4 << 30, name: "gen-buddy" }
+        BuddyConfig {
+            region_len: 4 << 30,
+            name: "gen-buddy",
+        }
     }
 }
 
@@ -151,7 +154,10 @@ pub struct Buddy {
 
 impl std::fmt::Debug for Buddy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Buddy").field("cfg", &self.cfg).field("stats", &self.stats()).finish()
+        f.debug_struct("Buddy")
+            .field("cfg", &self.cfg)
+            .field("stats", &self.stats())
+            .finish()
     }
 }
 
@@ -195,12 +201,19 @@ impl Buddy {
         let rounded = round_size(size).ok_or(BuddyError::InvalidSize(size))?;
         let mut g = self.inner.lock();
         // First fit over the regions in address order (each core places at its lowest fitting address).
-        let placed = g.arenas.iter_mut().enumerate().find_map(|(i, a)| a.core.alloc(rounded).map(|off| (i, off)));
+        let placed = g
+            .arenas
+            .iter_mut()
+            .enumerate()
+            .find_map(|(i, a)| a.core.alloc(rounded).map(|off| (i, off)));
         let (idx, off, created) = match placed {
             Some((i, off)) => (i, off, false),
             None => {
                 let i = self.add_region(&mut g, rounded)?;
-                let off = g.arenas[i].core.alloc(rounded).ok_or(BuddyError::InvalidSize(size))?;
+                let off = g.arenas[i]
+                    .core
+                    .alloc(rounded)
+                    .ok_or(BuddyError::InvalidSize(size))?;
                 (i, off, true)
             }
         };
@@ -234,7 +247,10 @@ impl Buddy {
             .ok_or(BuddyError::InvalidFree { ptr })?;
         let arena = &mut g.arenas[idx];
         let off = ptr - arena.region.base();
-        let size = arena.core.free(off).ok_or(BuddyError::InvalidFree { ptr })?;
+        let size = arena
+            .core
+            .free(off)
+            .ok_or(BuddyError::InvalidFree { ptr })?;
         arena.region.decommit(off, size);
         let before = arena.tally.pages();
         arena.tally.remove(off, size);
@@ -244,7 +260,11 @@ impl Buddy {
         g.frees += 1;
         if now_empty {
             // Keep one wholly-free region around; release this one if another is already empty.
-            let other_empty = g.arenas.iter().enumerate().any(|(i, a)| i != idx && a.core.is_empty());
+            let other_empty = g
+                .arenas
+                .iter()
+                .enumerate()
+                .any(|(i, a)| i != idx && a.core.is_empty());
             if other_empty {
                 self.remove_region(&mut g, idx);
             }
@@ -314,9 +334,13 @@ impl Buddy {
             let tallied = a.tally.pages() * self.page;
             let mapped = a.region.committed_bytes();
             if tallied != mapped {
-                return Err(format!("region {i}: tally {tallied} B committed, region says {mapped} B"));
+                return Err(format!(
+                    "region {i}: tally {tallied} B committed, region says {mapped} B"
+                ));
             }
-            if !self.table.contains(a.region.base()) || !self.table.contains(a.region.base() + a.core.len() - 1) {
+            if !self.table.contains(a.region.base())
+                || !self.table.contains(a.region.base() + a.core.len() - 1)
+            {
                 return Err(format!("region {i} missing from the range table"));
             }
             if i > 0 && g.arenas[i - 1].region.base() >= a.region.base() {
@@ -325,7 +349,10 @@ impl Buddy {
             pages += a.tally.pages();
         }
         if pages != g.committed_pages {
-            return Err(format!("committed pages {} recorded, {pages} in regions", g.committed_pages));
+            return Err(format!(
+                "committed pages {} recorded, {pages} in regions",
+                g.committed_pages
+            ));
         }
         Ok(())
     }
@@ -348,9 +375,19 @@ impl Buddy {
             }
         }
         let region = Region::new(&self.pool, len, self.cfg.name)?;
-        let slot = self.table.insert(region.base(), len).ok_or(BuddyError::TooManyRegions)?;
-        let arena = Arena { region, core, tally: PageTally::new(self.page), slot };
-        let idx = g.arenas.partition_point(|a| a.region.base() < arena.region.base());
+        let slot = self
+            .table
+            .insert(region.base(), len)
+            .ok_or(BuddyError::TooManyRegions)?;
+        let arena = Arena {
+            region,
+            core,
+            tally: PageTally::new(self.page),
+            slot,
+        };
+        let idx = g
+            .arenas
+            .partition_point(|a| a.region.base() < arena.region.base());
         g.arenas.insert(idx, arena);
         Ok(idx)
     }

@@ -55,7 +55,10 @@ pub(crate) struct RangeTable {
 
 impl RangeTable {
     pub(crate) fn new() -> Self {
-        RangeTable { slots: std::array::from_fn(|_| Slot::default()), used: AtomicUsize::new(0) }
+        RangeTable {
+            slots: std::array::from_fn(|_| Slot::default()),
+            used: AtomicUsize::new(0),
+        }
     }
 
     /// Whether any registered range contains `ptr`. Lock-free (see the module docs).

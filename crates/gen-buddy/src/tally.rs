@@ -20,7 +20,11 @@ pub(crate) struct PageTally {
 
 impl PageTally {
     pub(crate) fn new(page: u64) -> Self {
-        PageTally { page: page.max(1), boundary: HashMap::new(), pages: 0 }
+        PageTally {
+            page: page.max(1),
+            boundary: HashMap::new(),
+            pages: 0,
+        }
     }
 
     /// Pages touched now.
@@ -36,7 +40,10 @@ impl PageTally {
     pub(crate) fn add(&mut self, off: u64, len: u64) {
         let (first, last) = self.span(off, len);
         self.pages += (last - first).saturating_sub(1);
-        for p in [Some(first), (last != first).then_some(last)].into_iter().flatten() {
+        for p in [Some(first), (last != first).then_some(last)]
+            .into_iter()
+            .flatten()
+        {
             let refs = self.boundary.entry(p).or_insert(0);
             if *refs == 0 {
                 self.pages += 1;
@@ -49,7 +56,10 @@ impl PageTally {
     pub(crate) fn remove(&mut self, off: u64, len: u64) {
         let (first, last) = self.span(off, len);
         self.pages -= (last - first).saturating_sub(1);
-        for p in [Some(first), (last != first).then_some(last)].into_iter().flatten() {
+        for p in [Some(first), (last != first).then_some(last)]
+            .into_iter()
+            .flatten()
+        {
             if let Some(refs) = self.boundary.get_mut(&p) {
                 *refs -= 1;
                 if *refs == 0 {
@@ -67,14 +77,24 @@ mod tests {
     use std::collections::BTreeSet;
 
     fn union(blocks: &[(u64, u64)], page: u64) -> u64 {
-        let pages: BTreeSet<u64> = blocks.iter().flat_map(|&(o, l)| o / page..=(o + l - 1) / page).collect();
+        let pages: BTreeSet<u64> = blocks
+            .iter()
+            .flat_map(|&(o, l)| o / page..=(o + l - 1) / page)
+            .collect();
         pages.len() as u64
     }
 
     #[test]
     fn matches_the_union_of_pages() {
         let page = 4096;
-        let blocks = [(0, 512), (512, 512), (1024, 8192), (9216, 512), (20480, 4096), (30000, 20000)];
+        let blocks = [
+            (0, 512),
+            (512, 512),
+            (1024, 8192),
+            (9216, 512),
+            (20480, 4096),
+            (30000, 20000),
+        ];
         let mut t = PageTally::new(page);
         for (i, &(o, l)) in blocks.iter().enumerate() {
             t.add(o, l);

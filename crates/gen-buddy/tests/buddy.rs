@@ -24,17 +24,40 @@ const MIB: u64 = 1 << 20;
 const PAGE: u64 = 64 * KIB;
 
 fn setup(limit: Option<u64>) -> (Arc<SimDevice>, Arc<PagePool>) {
-    let dev = Arc::new(SimDevice::config().granularity(PAGE).capacity(1 << 30).build().unwrap());
-    let pool = PagePool::new(dev.clone() as Arc<dyn Device>, PagePoolConfig { limit, eager_unmap: false }).unwrap();
+    let dev = Arc::new(
+        SimDevice::config()
+            .granularity(PAGE)
+            .capacity(1 << 30)
+            .build()
+            .unwrap(),
+    );
+    let pool = PagePool::new(
+        dev.clone() as Arc<dyn Device>,
+        PagePoolConfig {
+            limit,
+            eager_unmap: false,
+        },
+    )
+    .unwrap();
     (dev, pool)
 }
 
 fn buddy(pool: &Arc<PagePool>, region_len: u64) -> Buddy {
-    Buddy::new(pool, BuddyConfig { region_len, name: "test-buddy" }).unwrap()
+    Buddy::new(
+        pool,
+        BuddyConfig {
+            region_len,
+            name: "test-buddy",
+        },
+    )
+    .unwrap()
 }
 
 fn pages_of(live: &[(u64, u64)]) -> u64 {
-    let pages: BTreeSet<u64> = live.iter().flat_map(|&(p, s)| p / PAGE..=(p + s - 1) / PAGE).collect();
+    let pages: BTreeSet<u64> = live
+        .iter()
+        .flat_map(|&(p, s)| p / PAGE..=(p + s - 1) / PAGE)
+        .collect();
     pages.len() as u64 * PAGE
 }
 
@@ -42,12 +65,24 @@ fn pages_of(live: &[(u64, u64)]) -> u64 {
 fn rejects_bad_config_and_sizes() {
     let (_dev, pool) = setup(None);
     for region_len in [0, 3 * MIB, PAGE / 2, 1 << 63] {
-        let r = Buddy::new(&pool, BuddyConfig { region_len, name: "bad" });
-        assert!(matches!(r, Err(BuddyError::InvalidConfig(_))), "region_len {region_len:#x}: {r:?}");
+        let r = Buddy::new(
+            &pool,
+            BuddyConfig {
+                region_len,
+                name: "bad",
+            },
+        );
+        assert!(
+            matches!(r, Err(BuddyError::InvalidConfig(_))),
+            "region_len {region_len:#x}: {r:?}"
+        );
     }
     let b = buddy(&pool, MIB);
     assert_eq!(b.alloc(0, true), Err(BuddyError::InvalidSize(0)));
-    assert_eq!(b.alloc(u64::MAX, true), Err(BuddyError::InvalidSize(u64::MAX)));
+    assert_eq!(
+        b.alloc(u64::MAX, true),
+        Err(BuddyError::InvalidSize(u64::MAX))
+    );
     assert_eq!(b.stats().regions, 0);
 }
 
@@ -65,7 +100,10 @@ fn exact_fit_packs_the_tail_and_commits_only_block_bytes() {
     // sharing its last page (a run over the 512 B .. 64 KiB pieces and part of the 128 KiB one).
     let c = b.alloc(100 * KIB, true).unwrap();
     assert_eq!(c, a + 3 * MIB / 2 + 512);
-    assert_eq!(b.stats().committed_bytes, pages_of(&[(a, 3 * MIB / 2 + 512), (c, 100 * KIB)]));
+    assert_eq!(
+        b.stats().committed_bytes,
+        pages_of(&[(a, 3 * MIB / 2 + 512), (c, 100 * KIB)])
+    );
     assert_eq!(b.stats().regions, 1);
     b.check().unwrap();
     assert_eq!(b.free(a), Ok(3 * MIB / 2 + 512));
@@ -101,9 +139,15 @@ fn small_blocks_share_pages() {
 fn would_grow_passes_through_and_changes_nothing() {
     let (_dev, pool) = setup(None);
     let b = buddy(&pool, MIB);
-    assert_eq!(b.alloc(1000, false), Err(BuddyError::WouldGrow { pages: 1 }));
+    assert_eq!(
+        b.alloc(1000, false),
+        Err(BuddyError::WouldGrow { pages: 1 })
+    );
     let s = b.stats();
-    assert_eq!((s.regions, s.live_blocks, s.committed_bytes, s.allocs), (0, 0, 0, 0));
+    assert_eq!(
+        (s.regions, s.live_blocks, s.committed_bytes, s.allocs),
+        (0, 0, 0, 0)
+    );
     let p = b.alloc(1000, true).unwrap();
     b.free(p).unwrap();
     // The page is cached by the pool now: no growth needed.
@@ -120,7 +164,10 @@ fn out_of_memory_passes_through_and_changes_nothing() {
     let p = b.alloc(PAGE, true).unwrap();
     let before = b.stats();
     let r = b.alloc(2 * PAGE, true);
-    assert!(matches!(r, Err(BuddyError::Vmm(VmmError::OutOfMemory { .. }))), "{r:?}");
+    assert!(
+        matches!(r, Err(BuddyError::Vmm(VmmError::OutOfMemory { .. }))),
+        "{r:?}"
+    );
     assert_eq!(b.stats(), before);
     b.check().unwrap();
     b.free(p).unwrap();
@@ -134,11 +181,19 @@ fn invalid_frees_are_typed_and_harmless() {
     let p = b.alloc(4 * KIB, true).unwrap();
     let before = b.stats();
     for bad in [p + 1, p + 512, p + 64 * KIB, p - 1, u64::MAX] {
-        assert_eq!(b.free(bad), Err(BuddyError::InvalidFree { ptr: bad }), "{bad:#x}");
+        assert_eq!(
+            b.free(bad),
+            Err(BuddyError::InvalidFree { ptr: bad }),
+            "{bad:#x}"
+        );
     }
     assert_eq!(b.stats(), before);
     assert_eq!(b.free(p), Ok(4 * KIB));
-    assert_eq!(b.free(p), Err(BuddyError::InvalidFree { ptr: p }), "double free");
+    assert_eq!(
+        b.free(p),
+        Err(BuddyError::InvalidFree { ptr: p }),
+        "double free"
+    );
     b.check().unwrap();
 }
 
@@ -166,7 +221,10 @@ fn oversize_blocks_get_their_own_region_and_trim_releases_empty_ones() {
     b.free(small).unwrap();
     assert_eq!(b.trim(), MIB);
     let s = b.stats();
-    assert_eq!((s.regions, s.reserved_va_bytes, s.committed_bytes), (0, 0, 0));
+    assert_eq!(
+        (s.regions, s.reserved_va_bytes, s.committed_bytes),
+        (0, 0, 0)
+    );
     assert!(!b.owns(small));
     assert_eq!(dev.outstanding().va_reservations, 0);
     assert_eq!(pool.stats().pages_in_use, 0);
@@ -191,7 +249,9 @@ fn a_second_empty_region_is_released_on_free() {
 fn region_table_full_is_an_error_and_changes_nothing() {
     let (dev, pool) = setup(None);
     let b = buddy(&pool, PAGE);
-    let ptrs: Vec<u64> = (0..MAX_REGIONS).map(|_| b.alloc(PAGE, true).unwrap()).collect();
+    let ptrs: Vec<u64> = (0..MAX_REGIONS)
+        .map(|_| b.alloc(PAGE, true).unwrap())
+        .collect();
     let before = b.stats();
     assert_eq!(b.alloc(PAGE, true), Err(BuddyError::TooManyRegions));
     assert_eq!(b.stats(), before);
@@ -240,7 +300,10 @@ fn concurrent_alloc_free_and_owns() {
             })
         })
         .collect();
-    let mut live: Vec<(u64, u64)> = threads.into_iter().flat_map(|h| h.join().unwrap()).collect();
+    let mut live: Vec<(u64, u64)> = threads
+        .into_iter()
+        .flat_map(|h| h.join().unwrap())
+        .collect();
     live.sort_unstable();
     for w in live.windows(2) {
         assert!(w[0].0 + w[0].1 <= w[1].0, "overlap {:x?}", w);
@@ -253,7 +316,10 @@ fn concurrent_alloc_free_and_owns() {
 
 fn cases() -> u32 {
     let default = if cfg!(miri) { 4 } else { 64 };
-    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 #[derive(Clone, Debug)]

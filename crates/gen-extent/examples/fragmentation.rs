@@ -46,10 +46,21 @@ struct Run {
 
 impl Run {
     fn new() -> Self {
-        let dev = Arc::new(SimDevice::config().capacity(141 << 30).build().expect("sim device"));
+        let dev = Arc::new(
+            SimDevice::config()
+                .capacity(141 << 30)
+                .build()
+                .expect("sim device"),
+        );
         let pool = PagePool::new(dev as Arc<dyn Device>, PagePoolConfig::default()).expect("pool");
         let arena = ExtentArena::new(&pool, ExtentConfig::default()).expect("arena");
-        Run { arena, live: 0, peak_live: 0, ops: 0, started: Instant::now() }
+        Run {
+            arena,
+            live: 0,
+            peak_live: 0,
+            ops: 0,
+            started: Instant::now(),
+        }
     }
     fn alloc(&mut self, size: u64) -> u64 {
         let p = self.arena.alloc(size, true).expect("alloc");

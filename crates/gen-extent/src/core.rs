@@ -16,7 +16,8 @@ pub fn round_size(size: u64) -> Option<u64> {
     if size == 0 {
         return None;
     }
-    size.checked_add(MIN_BLOCK - 1).map(|s| s & !(MIN_BLOCK - 1))
+    size.checked_add(MIN_BLOCK - 1)
+        .map(|s| s & !(MIN_BLOCK - 1))
 }
 
 /// A best-fit coalescing allocator of offsets in `[0, len)`. Not thread-safe by itself (the arena wraps
@@ -141,17 +142,26 @@ impl ExtentCore {
     /// Check every structural invariant; returns the first violation. O(n log n): tests and debugging.
     pub fn check(&self) -> Result<(), String> {
         if self.by_size.len() != self.by_off.len() {
-            return Err(format!("{} extents by size, {} by offset", self.by_size.len(), self.by_off.len()));
+            return Err(format!(
+                "{} extents by size, {} by offset",
+                self.by_size.len(),
+                self.by_off.len()
+            ));
         }
         for (&o, &s) in &self.by_off {
             if !self.by_size.contains(&(s, o)) {
-                return Err(format!("free extent ({o:#x}, {s:#x}) missing from the size index"));
+                return Err(format!(
+                    "free extent ({o:#x}, {s:#x}) missing from the size index"
+                ));
             }
             if s == 0 || o % MIN_BLOCK != 0 || s % MIN_BLOCK != 0 {
                 return Err(format!("free extent ({o:#x}, {s:#x}) empty or misaligned"));
             }
             if self.by_off.contains_key(&(o + s)) {
-                return Err(format!("free extents at {o:#x} and {:#x} not coalesced", o + s));
+                return Err(format!(
+                    "free extents at {o:#x} and {:#x} not coalesced",
+                    o + s
+                ));
             }
         }
         let mut all = self.free_ranges();
@@ -160,7 +170,9 @@ impl ExtentCore {
         let mut at = 0;
         for (off, len) in all {
             if off != at {
-                return Err(format!("gap or overlap at {at:#x} (next range starts at {off:#x})"));
+                return Err(format!(
+                    "gap or overlap at {at:#x} (next range starts at {off:#x})"
+                ));
             }
             at = off + len;
         }
@@ -194,7 +206,10 @@ mod tests {
     #[test]
     fn best_fit_prefers_smallest_then_lowest() {
         let mut c = ExtentCore::new(100 * U);
-        let a: Vec<u64> = [10, 3, 10, 5, 10, 3, 10].iter().map(|&n| c.alloc(n * U).unwrap()).collect();
+        let a: Vec<u64> = [10, 3, 10, 5, 10, 3, 10]
+            .iter()
+            .map(|&n| c.alloc(n * U).unwrap())
+            .collect();
         assert_eq!(a, vec![0, 10 * U, 13 * U, 23 * U, 28 * U, 38 * U, 41 * U]);
         // Holes of 3, 5, 3 units (at 10, 23, 38) and the 49-unit tail at 51.
         c.free(a[1]).unwrap();
@@ -202,7 +217,11 @@ mod tests {
         c.free(a[5]).unwrap();
         c.check().unwrap();
         assert_eq!(c.alloc(3 * U), Some(10 * U), "smallest fit, lowest address");
-        assert_eq!(c.alloc(2 * U), Some(38 * U), "the remaining 3-unit hole beats the 5-unit one");
+        assert_eq!(
+            c.alloc(2 * U),
+            Some(38 * U),
+            "the remaining 3-unit hole beats the 5-unit one"
+        );
         assert_eq!(c.alloc(4 * U), Some(23 * U));
         // The 4-unit block left one unit of the 5-unit hole, which now serves a 1-unit request.
         assert_eq!(c.alloc(1), Some(27 * U));
@@ -258,7 +277,11 @@ mod tests {
     /// and best fit (a failed request means no free extent was large enough).
     #[test]
     fn random_stress_against_model() {
-        let (rounds, len) = if cfg!(miri) { (300, 512 * U) } else { (20_000, 8192 * U) };
+        let (rounds, len) = if cfg!(miri) {
+            (300, 512 * U)
+        } else {
+            (20_000, 8192 * U)
+        };
         let mut c = ExtentCore::new(len);
         let mut rng = Rng(0x2545_f491_4f6c_dd1d);
         let mut live: Vec<(u64, u64)> = Vec::new();
@@ -267,11 +290,19 @@ mod tests {
                 let max = if rng.below(4) == 0 { len / 8 } else { 32 * U };
                 let size = 1 + rng.below(max);
                 let rounded = round_size(size).unwrap();
-                let best = c.free_ranges().into_iter().filter(|&(_, s)| s >= rounded).min_by_key(|&(o, s)| (s, o));
+                let best = c
+                    .free_ranges()
+                    .into_iter()
+                    .filter(|&(_, s)| s >= rounded)
+                    .min_by_key(|&(o, s)| (s, o));
                 match c.alloc(size) {
                     Some(off) => {
                         assert_eq!(Some(off), best.map(|(o, _)| o), "not the best fit");
-                        assert!(live.iter().all(|&(o, s)| off + rounded <= o || o + s <= off), "overlap");
+                        assert!(
+                            live.iter()
+                                .all(|&(o, s)| off + rounded <= o || o + s <= off),
+                            "overlap"
+                        );
                         live.push((off, rounded));
                     }
                     None => assert_eq!(best, None, "alloc failed with a large enough free extent"),

@@ -82,7 +82,10 @@ pub struct ExtentConfig {
 
 impl Default for ExtentConfig {
     fn default() -> Self {
-        ExtentConfig { va_bytes: 0, name: "gen-extent" }
+        ExtentConfig {
+            va_bytes: 0,
+            name: "gen-extent",
+        }
     }
 }
 
@@ -132,7 +135,10 @@ pub struct ExtentArena {
 
 impl std::fmt::Debug for ExtentArena {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ExtentArena").field("region", &self.region).field("stats", &self.stats()).finish()
+        f.debug_struct("ExtentArena")
+            .field("region", &self.region)
+            .field("stats", &self.stats())
+            .finish()
     }
 }
 
@@ -148,7 +154,11 @@ impl ExtentArena {
         let va_bytes = want
             .checked_next_multiple_of(page.max(1))
             .filter(|&l| l >= MIN_BLOCK)
-            .ok_or_else(|| ExtentError::InvalidConfig(format!("va_bytes {want:#x} unusable with page {page:#x}")))?;
+            .ok_or_else(|| {
+                ExtentError::InvalidConfig(format!(
+                    "va_bytes {want:#x} unusable with page {page:#x}"
+                ))
+            })?;
         let region = Region::new(pool, va_bytes, cfg.name)?;
         let (base, len) = (region.base(), region.len());
         Ok(ExtentArena {
@@ -173,10 +183,13 @@ impl ExtentArena {
     pub fn alloc(&self, size: u64, grow: bool) -> Result<u64, ExtentError> {
         let rounded = round_size(size).ok_or(ExtentError::InvalidSize(size))?;
         let mut g = self.inner.lock();
-        let off = g.core.alloc(rounded).ok_or(ExtentError::OutOfAddressSpace {
-            requested: rounded,
-            largest_free: g.core.largest_free(),
-        })?;
+        let off = g
+            .core
+            .alloc(rounded)
+            .ok_or(ExtentError::OutOfAddressSpace {
+                requested: rounded,
+                largest_free: g.core.largest_free(),
+            })?;
         if let Err(e) = self.region.commit(off, rounded, grow) {
             g.core.free(off);
             return Err(e.into());
@@ -251,7 +264,9 @@ impl ExtentArena {
         let tallied = g.tally.pages() * self.page;
         let mapped = self.region.committed_bytes();
         if tallied != mapped {
-            return Err(format!("tally {tallied} B committed, region says {mapped} B"));
+            return Err(format!(
+                "tally {tallied} B committed, region says {mapped} B"
+            ));
         }
         Ok(())
     }

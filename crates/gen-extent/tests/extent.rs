@@ -25,23 +25,49 @@ const MIB: u64 = 1 << 20;
 const PAGE: u64 = 64 * KIB;
 
 fn setup(limit: Option<u64>) -> (Arc<SimDevice>, Arc<PagePool>) {
-    let dev = Arc::new(SimDevice::config().granularity(PAGE).capacity(1 << 30).build().unwrap());
-    let pool = PagePool::new(dev.clone() as Arc<dyn Device>, PagePoolConfig { limit, eager_unmap: false }).unwrap();
+    let dev = Arc::new(
+        SimDevice::config()
+            .granularity(PAGE)
+            .capacity(1 << 30)
+            .build()
+            .unwrap(),
+    );
+    let pool = PagePool::new(
+        dev.clone() as Arc<dyn Device>,
+        PagePoolConfig {
+            limit,
+            eager_unmap: false,
+        },
+    )
+    .unwrap();
     (dev, pool)
 }
 
 fn arena(pool: &Arc<PagePool>, va_bytes: u64) -> ExtentArena {
-    ExtentArena::new(pool, ExtentConfig { va_bytes, name: "test-extent" }).unwrap()
+    ExtentArena::new(
+        pool,
+        ExtentConfig {
+            va_bytes,
+            name: "test-extent",
+        },
+    )
+    .unwrap()
 }
 
 fn pages_of(live: &[(u64, u64)]) -> u64 {
-    let pages: BTreeSet<u64> = live.iter().flat_map(|&(p, s)| p / PAGE..=(p + s - 1) / PAGE).collect();
+    let pages: BTreeSet<u64> = live
+        .iter()
+        .flat_map(|&(p, s)| p / PAGE..=(p + s - 1) / PAGE)
+        .collect();
     pages.len() as u64 * PAGE
 }
 
 fn cases() -> u32 {
     let default = if cfg!(miri) { 4 } else { 64 };
-    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 #[test]
@@ -52,7 +78,13 @@ fn default_va_is_twice_the_device_memory() {
     // A length that is not a whole number of pages is rounded up.
     let b = arena(&pool, MIB + 1);
     assert_eq!(b.stats().reserved_va_bytes, MIB + PAGE);
-    let r = ExtentArena::new(&pool, ExtentConfig { va_bytes: u64::MAX, name: "huge" });
+    let r = ExtentArena::new(
+        &pool,
+        ExtentConfig {
+            va_bytes: u64::MAX,
+            name: "huge",
+        },
+    );
     assert!(matches!(r, Err(ExtentError::InvalidConfig(_))), "{r:?}");
 }
 
@@ -72,7 +104,11 @@ fn blocks_pack_back_to_back_and_share_pages() {
     }
     let s = a.stats();
     assert_eq!(s.committed_bytes, pages_of(&live));
-    assert_eq!(s.committed_bytes, s.live_bytes.div_ceil(PAGE) * PAGE, "no page wasted");
+    assert_eq!(
+        s.committed_bytes,
+        s.live_bytes.div_ceil(PAGE) * PAGE,
+        "no page wasted"
+    );
     a.check().unwrap();
 }
 
@@ -92,7 +128,10 @@ fn free_decommits_and_coalesces() {
     a.free(z).unwrap();
     a.free(y).unwrap();
     let s = a.stats();
-    assert_eq!((s.free_extents, s.largest_free_extent, s.committed_bytes), (1, 8 * MIB, 0));
+    assert_eq!(
+        (s.free_extents, s.largest_free_extent, s.committed_bytes),
+        (1, 8 * MIB, 0)
+    );
     assert_eq!(pool.stats().pages_in_use, 0);
     a.check().unwrap();
 }
@@ -101,15 +140,25 @@ fn free_decommits_and_coalesces() {
 fn would_grow_and_out_of_memory_pass_through_and_change_nothing() {
     let (_dev, pool) = setup(Some(2 * PAGE));
     let a = arena(&pool, 8 * MIB);
-    assert_eq!(a.alloc(1000, false), Err(ExtentError::WouldGrow { pages: 1 }));
+    assert_eq!(
+        a.alloc(1000, false),
+        Err(ExtentError::WouldGrow { pages: 1 })
+    );
     assert_eq!(a.stats().live_blocks, 0);
     let p = a.alloc(PAGE, true).unwrap();
     let before = a.stats();
     let r = a.alloc(2 * PAGE, true);
-    assert!(matches!(r, Err(ExtentError::Vmm(VmmError::OutOfMemory { .. }))), "{r:?}");
+    assert!(
+        matches!(r, Err(ExtentError::Vmm(VmmError::OutOfMemory { .. }))),
+        "{r:?}"
+    );
     assert_eq!(a.stats(), before);
     a.free(p).unwrap();
-    assert_eq!(a.alloc(100, false), Ok(p), "cached page revived without growing");
+    assert_eq!(
+        a.alloc(100, false),
+        Ok(p),
+        "cached page revived without growing"
+    );
     a.check().unwrap();
 }
 
@@ -118,11 +167,17 @@ fn address_space_exhaustion_and_bad_sizes_are_typed() {
     let (_dev, pool) = setup(None);
     let a = arena(&pool, MIB);
     assert_eq!(a.alloc(0, true), Err(ExtentError::InvalidSize(0)));
-    assert_eq!(a.alloc(u64::MAX, true), Err(ExtentError::InvalidSize(u64::MAX)));
+    assert_eq!(
+        a.alloc(u64::MAX, true),
+        Err(ExtentError::InvalidSize(u64::MAX))
+    );
     let p = a.alloc(MIB / 2, true).unwrap();
     assert_eq!(
         a.alloc(MIB / 2 + 1, true),
-        Err(ExtentError::OutOfAddressSpace { requested: MIB / 2 + 512, largest_free: MIB / 2 })
+        Err(ExtentError::OutOfAddressSpace {
+            requested: MIB / 2 + 512,
+            largest_free: MIB / 2
+        })
     );
     a.free(p).unwrap();
     a.check().unwrap();
@@ -135,13 +190,21 @@ fn invalid_frees_are_typed_and_harmless() {
     let p = a.alloc(4 * KIB, true).unwrap();
     let before = a.stats();
     for bad in [0, p + 1, p + 512, p + MIB, p - 1, u64::MAX] {
-        assert_eq!(a.free(bad), Err(ExtentError::InvalidFree { ptr: bad }), "{bad:#x}");
+        assert_eq!(
+            a.free(bad),
+            Err(ExtentError::InvalidFree { ptr: bad }),
+            "{bad:#x}"
+        );
     }
     assert_eq!(a.stats(), before);
     assert!(a.owns(p) && a.owns(p + 8 * MIB - 1) && !a.owns(p + 8 * MIB) && !a.owns(p - 1));
     assert_eq!(a.block_size(p), Some(4 * KIB));
     assert_eq!(a.free(p), Ok(4 * KIB));
-    assert_eq!(a.free(p), Err(ExtentError::InvalidFree { ptr: p }), "double free");
+    assert_eq!(
+        a.free(p),
+        Err(ExtentError::InvalidFree { ptr: p }),
+        "double free"
+    );
     assert_eq!(a.trim(), 0);
     a.check().unwrap();
 }
@@ -182,7 +245,10 @@ fn concurrent_alloc_free() {
             })
         })
         .collect();
-    let mut live: Vec<(u64, u64)> = threads.into_iter().flat_map(|h| h.join().unwrap()).collect();
+    let mut live: Vec<(u64, u64)> = threads
+        .into_iter()
+        .flat_map(|h| h.join().unwrap())
+        .collect();
     live.sort_unstable();
     for w in live.windows(2) {
         assert!(w[0].0 + w[0].1 <= w[1].0, "overlap {:x?}", w);
@@ -223,7 +289,10 @@ fn best_fit(live: &[(u64, u64)], base: u64, len: u64, size: u64) -> Option<u64> 
     if base + len > at {
         gaps.push((base + len - at, at));
     }
-    gaps.into_iter().filter(|&(g, _)| g >= size).min().map(|(_, at)| at)
+    gaps.into_iter()
+        .filter(|&(g, _)| g >= size)
+        .min()
+        .map(|(_, at)| at)
 }
 
 proptest! {
