@@ -198,7 +198,7 @@ impl BuddyCore {
                 while piece_at < end {
                     let order = Self::greedy_order(piece_at, total, self.max_order);
                     let piece_end = piece_at + (1u64 << order);
-                    debug_assert!(self.free_bits[order as usize][(piece_at >> order) as usize]);
+                    debug_assert!(self.is_free(piece_at, order));
                     self.remove_free(piece_at, order);
                     if piece_end > end {
                         // Same argument as above: each tail piece's parent contains unit end - 1 (live).
@@ -264,7 +264,7 @@ impl BuddyCore {
     fn insert_coalescing(&mut self, mut off: u64, mut order: u32) {
         while order < self.max_order {
             let buddy = off ^ (1u64 << order);
-            if !self.free_bits[order as usize][(buddy >> order) as usize] {
+            if !self.is_free(buddy, order) {
                 break;
             }
             self.remove_free(buddy, order);
@@ -274,16 +274,41 @@ impl BuddyCore {
         self.push_free(off, order);
     }
 
+    // Bit access goes through the bitmaps' raw words: `BitSlice::set` and indexing trip Miri's aliasing
+    // models inside bitvec 1.x (ferrilab/bitvec#193), while plain word access is the same operation.
+    fn is_free(&self, off: u64, order: u32) -> bool {
+        let i = (off >> order) as usize;
+        self.free_bits[order as usize].as_raw_slice()[i / 64] & (1u64 << (i % 64)) != 0
+    }
+
+    fn set_free(&mut self, off: u64, order: u32, free: bool) {
+        let i = (off >> order) as usize;
+        let word = &mut self.free_bits[order as usize].as_raw_mut_slice()[i / 64];
+        if free {
+            *word |= 1u64 << (i % 64);
+        } else {
+            *word &= !(1u64 << (i % 64));
+        }
+    }
+
+    fn count_free_bits(&self, order: usize) -> usize {
+        self.free_bits[order]
+            .as_raw_slice()
+            .iter()
+            .map(|w| w.count_ones() as usize)
+            .sum()
+    }
+
     fn push_free(&mut self, off: u64, order: u32) {
         let o = order as usize;
-        self.free_bits[o].set((off >> order) as usize, true);
+        self.set_free(off, order, true);
         self.free_lists[o].insert(off);
         self.nonempty |= 1u64 << order;
     }
 
     fn remove_free(&mut self, off: u64, order: u32) {
         let o = order as usize;
-        self.free_bits[o].set((off >> order) as usize, false);
+        self.set_free(off, order, false);
         self.free_lists[o].remove(&off);
         if self.free_lists[o].is_empty() {
             self.nonempty &= !(1u64 << order);
@@ -321,25 +346,25 @@ impl BuddyCore {
             if !set.is_empty() {
                 mask |= 1 << o;
             }
-            if set.len() != self.free_bits[o].count_ones() {
+            if set.len() != self.count_free_bits(o) {
                 return Err(format!(
                     "order {o}: list has {} blocks, bitmap {}",
                     set.len(),
-                    self.free_bits[o].count_ones()
+                    self.count_free_bits(o)
                 ));
             }
             for &off in set {
                 if off & ((1u64 << o) - 1) != 0 {
                     return Err(format!("order {o}: free block at unit {off} misaligned"));
                 }
-                if !self.free_bits[o][(off >> o) as usize] {
+                if !self.is_free(off, o as u32) {
                     return Err(format!(
                         "order {o}: free block at unit {off} missing from bitmap"
                     ));
                 }
                 if o < self.max_order as usize {
                     let buddy = off ^ (1u64 << o);
-                    if self.free_bits[o][(buddy >> o) as usize] {
+                    if self.is_free(buddy, o as u32) {
                         return Err(format!(
                             "order {o}: free buddies {off} and {buddy} not coalesced"
                         ));
