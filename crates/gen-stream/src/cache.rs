@@ -223,6 +223,30 @@ impl Shard {
     }
 }
 
+/// A shard and the bytes it caches. `bytes` is written only with `lock` held (a plain load + store, no
+/// locked instruction) and read without it by [`StreamCache::cached_bytes`].
+#[derive(Default)]
+struct ShardCell {
+    lock: Mutex<Shard>,
+    bytes: AtomicU64,
+}
+
+impl ShardCell {
+    /// Adds `n` to the shard's bytes. Call with `lock` held.
+    #[inline]
+    fn add(&self, n: u64) {
+        let b = self.bytes.load(Ordering::Relaxed);
+        self.bytes.store(b.wrapping_add(n), Ordering::Relaxed);
+    }
+
+    /// Subtracts `n` from the shard's bytes. Call with `lock` held.
+    #[inline]
+    fn sub(&self, n: u64) {
+        let b = self.bytes.load(Ordering::Relaxed);
+        self.bytes.store(b.wrapping_sub(n), Ordering::Relaxed);
+    }
+}
+
 /// A group of blocks pulled out of the cache by a drain or the one-stream shortcut.
 struct Group {
     shard: usize,
@@ -245,8 +269,9 @@ struct Group {
 pub struct StreamCache {
     device: Arc<dyn Device>,
     cfg: StreamCacheConfig,
-    shards: Box<[Padded<Mutex<Shard>>]>,
+    shards: Box<[Padded<ShardCell>]>,
     shard_mask: u64,
+    /// Bytes cached, kept only when the cache is bounded (the bound is checked against it).
     cached: Padded<AtomicU64>,
     mode: AtomicU8,
     solo: AtomicU64,
@@ -274,9 +299,7 @@ impl StreamCache {
     /// A cache in front of blocks of `device`, which it uses for events and synchronization only.
     pub fn new(device: Arc<dyn Device>, cfg: StreamCacheConfig) -> Self {
         let n = shard_count(cfg.shards, DEFAULT_SHARDS);
-        let shards = (0..n)
-            .map(|_| Padded(Mutex::new(Shard::default())))
-            .collect();
+        let shards = (0..n).map(|_| Padded(ShardCell::default())).collect();
         StreamCache {
             device,
             cfg,
@@ -316,9 +339,7 @@ impl StreamCache {
     pub fn put(&self, ptr: DevicePtr, size: u64, stream: StreamId) -> Result<(), Overflow> {
         self.observe(stream);
         let max = self.cfg.max_cached_bytes;
-        if max == 0 {
-            self.cached.fetch_add(size, Ordering::Relaxed);
-        } else {
+        if max != 0 {
             // Reserve the bytes first, so concurrent puts never overshoot the bound together.
             let fits = |cur: u64| cur.checked_add(size).filter(|&total| total <= max);
             if let Err(cached) =
@@ -329,7 +350,9 @@ impl StreamCache {
                 return Err(Overflow { size, cached, max });
             }
         }
-        let mut guard = self.shards[self.shard_index(size)].lock();
+        let cell = &self.shards[self.shard_index(size)];
+        let mut guard = cell.lock.lock();
+        cell.add(size);
         let shard = &mut *guard;
         shard.stats.puts += 1;
         let (entry, spare) = shard.entry(size);
@@ -344,7 +367,8 @@ impl StreamCache {
     #[inline]
     pub fn take(&self, size: u64, stream: StreamId) -> Option<DevicePtr> {
         self.observe(stream);
-        let mut guard = self.shards[self.shard_index(size)].lock();
+        let cell = &self.shards[self.shard_index(size)];
+        let mut guard = cell.lock.lock();
         let Shard {
             sizes,
             spare_vecs,
@@ -361,8 +385,11 @@ impl StreamCache {
         match found {
             Some(p) => {
                 stats.hits += 1;
+                cell.sub(size);
                 drop(guard);
-                self.cached.fetch_sub(size, Ordering::Relaxed);
+                if self.cfg.max_cached_bytes != 0 {
+                    self.cached.fetch_sub(size, Ordering::Relaxed);
+                }
                 Some(p)
             }
             None => {
@@ -508,8 +535,9 @@ impl StreamCache {
     /// Pulls every block out of every shard. Called with `transition` held.
     fn extract_all(&self) -> Vec<Group> {
         let mut groups = Vec::new();
-        for (si, shard) in self.shards.iter().enumerate() {
-            let mut guard = shard.lock();
+        for (si, cell) in self.shards.iter().enumerate() {
+            let mut guard = cell.lock.lock();
+            let first = groups.len();
             for (&size, entry) in guard.sizes.iter_mut() {
                 if !entry.safe.is_empty() {
                     groups.push(Group {
@@ -541,6 +569,7 @@ impl StreamCache {
                 }
             }
             guard.prune();
+            cell.sub(group_bytes(&groups[first..]));
         }
         groups
     }
@@ -557,9 +586,11 @@ impl StreamCache {
             for &p in &g.ptrs {
                 f(p, g.size, g.stream);
             }
-            let n = g.size.saturating_mul(g.ptrs.len() as u64);
-            self.cached.fetch_sub(n, Ordering::Relaxed);
-            bytes = bytes.saturating_add(n);
+            let n = g.size.wrapping_mul(g.ptrs.len() as u64);
+            if self.cfg.max_cached_bytes != 0 {
+                self.cached.fetch_sub(n, Ordering::Relaxed);
+            }
+            bytes = bytes.wrapping_add(n);
             // Re-recording an event whose last record has not completed is allowed (the new record
             // replaces it), so pending events can be reused at once.
             idle_events.extend(g.event);
@@ -570,7 +601,9 @@ impl StreamCache {
 
     /// Puts a group pulled out by `drain` or the one-stream shortcut back where it came from.
     fn restore(&self, g: Group) {
-        let mut guard = self.shards[g.shard].lock();
+        let cell = &self.shards[g.shard];
+        let mut guard = cell.lock.lock();
+        cell.add(g.size.wrapping_mul(g.ptrs.len() as u64));
         let (entry, spare) = guard.entry(g.size);
         match (g.stream, g.event) {
             (Some(src), Some(event)) => entry.pending.push(Pending {
@@ -589,7 +622,9 @@ impl StreamCache {
     /// Bytes cached now.
     #[inline]
     pub fn cached_bytes(&self) -> u64 {
-        self.cached.load(Ordering::Relaxed)
+        self.shards
+            .iter()
+            .fold(0u64, |a, c| a.wrapping_add(c.bytes.load(Ordering::Relaxed)))
     }
 
     /// Counters (sums over shards, each read under its lock).
@@ -601,8 +636,8 @@ impl StreamCache {
             cached_bytes: self.cached_bytes(),
             ..StreamCacheStats::default()
         };
-        for shard in self.shards.iter() {
-            let g = shard.lock();
+        for cell in self.shards.iter() {
+            let g = cell.lock.lock();
             let t = g.stats;
             s.hits += t.hits;
             s.misses += t.misses;
@@ -662,8 +697,9 @@ impl StreamCache {
     /// all came before it), then publish them as safe everywhere. Called with `transition` held.
     fn promote_all(&self) {
         let mut groups = Vec::new();
-        for (si, shard) in self.shards.iter().enumerate() {
-            let mut guard = shard.lock();
+        for (si, cell) in self.shards.iter().enumerate() {
+            let mut guard = cell.lock.lock();
+            let first = groups.len();
             for (&size, entry) in guard.sizes.iter_mut() {
                 for l in entry.lists.iter_mut().filter(|l| !l.ptrs.is_empty()) {
                     groups.push(Group {
@@ -675,6 +711,7 @@ impl StreamCache {
                     });
                 }
             }
+            cell.sub(group_bytes(&groups[first..]));
         }
         if groups.is_empty() {
             return;
@@ -696,6 +733,13 @@ impl StreamCache {
     }
 }
 
+/// Bytes in `groups`.
+fn group_bytes(groups: &[Group]) -> u64 {
+    groups.iter().fold(0u64, |a, g| {
+        a.wrapping_add(g.size.wrapping_mul(g.ptrs.len() as u64))
+    })
+}
+
 /// Keep an emptied vector (with its capacity) for reuse, up to a bound.
 #[inline]
 fn recycle_vec(spare: &mut Vec<Vec<DevicePtr>>, mut v: Vec<DevicePtr>) {
@@ -708,8 +752,8 @@ fn recycle_vec(spare: &mut Vec<Vec<DevicePtr>>, mut v: Vec<DevicePtr>) {
 impl Drop for StreamCache {
     fn drop(&mut self) {
         let mut events = std::mem::take(&mut *self.events.lock());
-        for shard in self.shards.iter() {
-            let mut g = shard.lock();
+        for cell in self.shards.iter() {
+            let mut g = cell.lock.lock();
             for entry in g.sizes.values_mut() {
                 events.extend(entry.pending.drain(..).map(|b| b.event));
             }
