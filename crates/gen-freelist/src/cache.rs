@@ -277,7 +277,7 @@ impl FrontCache {
     /// The calling thread's home shard (assigned round-robin on first use, stable afterwards).
     #[inline]
     pub fn home_shard(&self) -> usize {
-        thread_hint() % self.shards.len()
+        self.shard_index(thread_hint())
     }
 
     /// A free slot, looking in the calling thread's shard, then the global stack, then the other shards.
@@ -289,8 +289,7 @@ impl FrontCache {
     /// As [`pop`](Self::pop) with home shard `shard % shard_count()`.
     #[inline]
     pub fn pop_at(&self, shard: usize) -> Option<u32> {
-        let n = self.shards.len();
-        let home = shard % n;
+        let home = self.shard_index(shard);
         if let Some(idx) = self.shard_pop(home) {
             return Some(idx);
         }
@@ -328,7 +327,7 @@ impl FrontCache {
             "slot index {idx} out of range (capacity {})",
             self.capacity()
         );
-        let head = &self.shards[shard % self.shards.len()];
+        let head = &self.shards[self.shard_index(shard)];
         let cap = self.shard_capacity;
         let pushed = tagged_push_chain(head, self.list.links(), idx, idx, |meta| {
             let depth = meta & COUNT_MASK;
@@ -348,6 +347,17 @@ impl FrontCache {
         check_all(&[idx], self.capacity())?;
         self.push(idx);
         Ok(())
+    }
+
+    /// `shard % shard_count()`, without a division in the common case of a thread number below the count.
+    #[inline]
+    fn shard_index(&self, shard: usize) -> usize {
+        let n = self.shards.len();
+        if shard < n {
+            shard
+        } else {
+            shard % n
+        }
     }
 
     /// Pops from shard `s`.

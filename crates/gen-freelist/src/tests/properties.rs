@@ -50,6 +50,8 @@ fn take_owned(owned: &mut Vec<u32>, pos: usize) -> Option<u32> {
 proptest! {
     #![proptest_config(ProptestConfig {
         cases: if cfg!(miri) { 4 } else { 256 },
+        // Miri's isolation forbids the file system (`getcwd`) that regression persistence needs.
+        failure_persistence: if cfg!(miri) { None } else { ProptestConfig::default().failure_persistence },
         ..ProptestConfig::default()
     })]
 
