@@ -21,7 +21,7 @@
 //! taking the run of free blocks there and splitting the last one. So long-lived blocks allocated one
 //! after another abut — sharing their boundary page — instead of each starting at its own power-of-two
 //! boundary, which on GPT-2's parameter shapes with 2 MiB pages is the difference between ~13 % and
-//! <1 % of extra committed memory (see `examples/fragmentation.rs`).
+//! <1 % of extra committed memory (see `examples/buddy_fragmentation.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 

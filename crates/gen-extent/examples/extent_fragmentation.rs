@@ -1,7 +1,7 @@
 //! Fragmentation of the extent arena on synthetic activation-like workloads (simulated device, 2 MiB
 //! pages).
 //!
-//! `cargo run --release -p gen-extent --example fragmentation`
+//! `cargo run --release -p gen-extent --example extent_fragmentation`
 //!
 //! Prints, per workload, peak committed bytes / peak live bytes (1.000 = every committed byte is live)
 //! and the mean cost of an alloc or free on the simulated device.

@@ -1,6 +1,6 @@
 //! Fragmentation of the buddy tier on synthetic long-lived workloads (simulated device, 2 MiB pages).
 //!
-//! `cargo run --release -p gen-buddy --example fragmentation`
+//! `cargo run --release -p gen-buddy --example buddy_fragmentation`
 //!
 //! Prints, per workload, peak committed bytes / peak live bytes (1.000 = every committed byte is live).
 
