@@ -60,12 +60,15 @@ impl SizeClasses {
             k += 1;
         }
         // Groups above the last one are never looked up (their requests exceed max_class).
-        for g in k as usize..64 {
-            group_base[g] = sizes.len() as u32;
-        }
+        group_base[k as usize..].fill(sizes.len() as u32);
         let max_class = *sizes.last().expect("non-empty");
         // Trim classes above the class of max_size (the last group may overshoot).
-        let mut s = SizeClasses { sizes: sizes.into_boxed_slice(), group_base, b, max_class };
+        let mut s = SizeClasses {
+            sizes: sizes.into_boxed_slice(),
+            group_base,
+            b,
+            max_class,
+        };
         let (last, last_size) = s.lookup(max_size).expect("max_size <= max_class");
         let mut v = s.sizes.into_vec();
         v.truncate(last + 1);
@@ -147,7 +150,9 @@ impl Divisor {
     /// A divisor `d` in `2..2^32`.
     pub(crate) fn new(d: u64) -> Self {
         debug_assert!(d > 1 && d < 1 << 32);
-        Divisor { m: (u64::MAX / d).wrapping_add(1) }
+        Divisor {
+            m: (u64::MAX / d).wrapping_add(1),
+        }
     }
 
     /// `n / d` for `n < 2^32`.
@@ -159,7 +164,7 @@ impl Divisor {
     /// `n % d == 0` for `n < 2^32`.
     #[inline]
     pub(crate) fn divides(self, n: u32) -> bool {
-        (n as u64).wrapping_mul(self.m) <= self.m - 1
+        (n as u64).wrapping_mul(self.m) < self.m
     }
 }
 
@@ -178,7 +183,10 @@ mod tests {
         }
         // 4 per doubling: 512, 1024, 1536, 2048, then 512-steps to 4096, then quarter steps.
         let c = SizeClasses::new(1 << 20, 4).unwrap();
-        assert_eq!(&c.sizes()[..12], &[512, 1024, 1536, 2048, 2560, 3072, 3584, 4096, 5120, 6144, 7168, 8192]);
+        assert_eq!(
+            &c.sizes()[..12],
+            &[512, 1024, 1536, 2048, 2560, 3072, 3584, 4096, 5120, 6144, 7168, 8192]
+        );
         assert_eq!(c.len(), 40);
     }
 
@@ -212,7 +220,10 @@ mod tests {
         let r = (1u64 << 19) + 1;
         let (_, s) = c.lookup(r).unwrap();
         assert_eq!(s, (1 << 19) + (1 << 17));
-        assert!(s - r >= r >> 3, "the bound for 8 per doubling must not hold for 4");
+        assert!(
+            s - r >= r >> 3,
+            "the bound for 8 per doubling must not hold for 4"
+        );
     }
 
     #[test]
@@ -246,8 +257,31 @@ mod tests {
 
     #[test]
     fn divisor_matches_hardware_division() {
-        let ds = [2u64, 3, 512, 1536, 5120, 7168, 229_376, 1 << 20, 917_504, (1 << 32) - 1];
-        let ns = [0u32, 1, 511, 512, 1535, 1536, 3072, 65_535, 1 << 30, u32::MAX - 1, u32::MAX];
+        let ds = [
+            2u64,
+            3,
+            512,
+            1536,
+            5120,
+            7168,
+            229_376,
+            1 << 20,
+            917_504,
+            (1 << 32) - 1,
+        ];
+        let ns = [
+            0u32,
+            1,
+            511,
+            512,
+            1535,
+            1536,
+            3072,
+            65_535,
+            1 << 30,
+            u32::MAX - 1,
+            u32::MAX,
+        ];
         for &d in &ds {
             let dv = Divisor::new(d);
             for &n in &ns {

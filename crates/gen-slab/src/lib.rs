@@ -310,20 +310,27 @@ impl Slab {
     /// # Errors
     /// [`SlabError::InvalidConfig`] for inconsistent parameters, [`SlabError::Vmm`] if the address range
     /// cannot be reserved.
-    pub fn new(pool: &Arc<PagePool>, device: Arc<dyn Device>, cfg: SlabConfig) -> Result<Self, SlabError> {
+    pub fn new(
+        pool: &Arc<PagePool>,
+        device: Arc<dyn Device>,
+        cfg: SlabConfig,
+    ) -> Result<Self, SlabError> {
         let bad = |m: String| Err(SlabError::InvalidConfig(m));
         let page = pool.page_size();
         let sizes = match SizeClasses::new(cfg.max_size, cfg.classes_per_doubling) {
             Some(s) => s,
             None => {
                 return bad(format!(
-                    "max_size {} must be in 1..=2^40 and classes_per_doubling {} a power of two <= 64",
-                    cfg.max_size, cfg.classes_per_doubling
-                ))
+                "max_size {} must be in 1..=2^40 and classes_per_doubling {} a power of two <= 64",
+                cfg.max_size, cfg.classes_per_doubling
+            ))
             }
         };
         if cfg.classes_per_doubling > 16 {
-            return bad(format!("classes_per_doubling {} is above 16", cfg.classes_per_doubling));
+            return bad(format!(
+                "classes_per_doubling {} is above 16",
+                cfg.classes_per_doubling
+            ));
         }
         let span = cfg.class_span;
         if !span.is_power_of_two() || span < page || span > 1 << 32 || span < sizes.max_class() {
@@ -333,9 +340,15 @@ impl Slab {
                 sizes.max_class()
             ));
         }
-        let chunk_bytes = if cfg.chunk_bytes == 0 { page } else { cfg.chunk_bytes };
+        let chunk_bytes = if cfg.chunk_bytes == 0 {
+            page
+        } else {
+            cfg.chunk_bytes
+        };
         if chunk_bytes > span {
-            return bad(format!("chunk_bytes {chunk_bytes:#x} is above class_span {span:#x}"));
+            return bad(format!(
+                "chunk_bytes {chunk_bytes:#x} is above class_span {span:#x}"
+            ));
         }
         if cfg.max_slots_per_class == 0 {
             return bad("max_slots_per_class must be at least 1".into());
@@ -348,13 +361,17 @@ impl Slab {
             ));
         }
         let shards = if cfg.shards == 0 {
-            std::thread::available_parallelism().map_or(4, |n| n.get()).min(64)
+            std::thread::available_parallelism()
+                .map_or(4, |n| n.get())
+                .min(64)
         } else {
             cfg.shards
         };
         let n = sizes.len() as u64;
         let Some(total) = n.checked_mul(span) else {
-            return bad(format!("{n} classes of {span:#x} bytes overflow the address space"));
+            return bad(format!(
+                "{n} classes of {span:#x} bytes overflow the address space"
+            ));
         };
         let region = Region::new(pool, total, "gen-slab")?;
         let mut class = Vec::with_capacity(sizes.len());
@@ -363,7 +380,9 @@ impl Slab {
             let slots = (span / size).min(u64::from(cfg.max_slots_per_class));
             let capacity = slots / spc * spc;
             if capacity == 0 {
-                return bad(format!("max_slots_per_class leaves class {size} without a whole chunk"));
+                return bad(format!(
+                    "max_slots_per_class leaves class {size} without a whole chunk"
+                ));
             }
             let pages = (capacity * size).div_ceil(page) as usize;
             class.push(Class {
@@ -441,7 +460,10 @@ impl Slab {
     #[inline]
     pub fn alloc(&self, size: u64, stream: StreamId, grow: bool) -> Result<u64, SlabError> {
         let Some((ci, _)) = self.sizes.lookup(size) else {
-            return Err(SlabError::UnsupportedSize { size, max: self.max_size() });
+            return Err(SlabError::UnsupportedSize {
+                size,
+                max: self.max_size(),
+            });
         };
         let c = &self.class[ci];
         if let Some(t) = self.streams.find(stream) {
@@ -476,7 +498,10 @@ impl Slab {
             None => self.init_list(c, t)?,
         };
         if c.live[slot as usize].swap(0, AcqRel) == 0 {
-            return Err(SlabError::InvalidFree { ptr, reason: "not allocated (double free?)" });
+            return Err(SlabError::InvalidFree {
+                ptr,
+                reason: "not allocated (double free?)",
+            });
         }
         list.push(slot);
         Ok(c.size)
@@ -530,7 +555,10 @@ impl Slab {
                 ..ClassStats::default()
             };
             for (k, _) in g.committed.iter().enumerate().filter(|(_, &on)| on) {
-                let live = c.live[k * spc..(k + 1) * spc].iter().filter(|b| b.load(Relaxed) != 0).count();
+                let live = c.live[k * spc..(k + 1) * spc]
+                    .iter()
+                    .filter(|b| b.load(Relaxed) != 0)
+                    .count();
                 cs.chunks += 1;
                 cs.live += live as u64;
                 cs.free += (spc - live) as u64;
@@ -549,8 +577,13 @@ impl Slab {
 
     #[inline]
     fn hand_out(&self, c: &Class, slot: u32) -> u64 {
-        let was = c.live[slot as usize].swap(1, Relaxed);
-        debug_assert_eq!(was, 0, "slot {slot} of class {} handed out twice", c.size);
+        // The slot is ours alone (popped from a list): a plain store, no read-modify-write.
+        debug_assert_eq!(
+            c.live[slot as usize].load(Relaxed),
+            0,
+            "slot {slot} handed out twice"
+        );
+        c.live[slot as usize].store(1, Relaxed);
         self.base + c.offset + u64::from(slot) * c.size
     }
 
@@ -559,16 +592,25 @@ impl Slab {
     fn locate(&self, ptr: u64) -> Result<(&Class, u32), SlabError> {
         let off = ptr.wrapping_sub(self.base);
         let Some(c) = self.class.get((off >> self.span_shift) as usize) else {
-            return Err(SlabError::InvalidFree { ptr, reason: "not a slab address" });
+            return Err(SlabError::InvalidFree {
+                ptr,
+                reason: "not a slab address",
+            });
         };
         // `span <= 2^32`, so the offset within the span fits in a u32.
         let within = (off & self.span_mask) as u32;
         if !c.div.divides(within) {
-            return Err(SlabError::InvalidFree { ptr, reason: "not the start of a block" });
+            return Err(SlabError::InvalidFree {
+                ptr,
+                reason: "not the start of a block",
+            });
         }
         let slot = c.div.div(within);
         if slot >= c.capacity {
-            return Err(SlabError::InvalidFree { ptr, reason: "beyond the class's slots" });
+            return Err(SlabError::InvalidFree {
+                ptr,
+                reason: "beyond the class's slots",
+            });
         }
         Ok((c, slot))
     }
@@ -633,13 +675,19 @@ impl Slab {
         if synced.is_ok() {
             self.counters.synchronizes.fetch_add(1, Relaxed);
         } else if let Err(e) = &synced {
-            log::warn!("gen-slab: synchronize at the second stream failed ({e}); frees stay per stream");
+            log::warn!(
+                "gen-slab: synchronize at the second stream failed ({e}); frees stay per stream"
+            );
         }
         for (ci, v) in moved {
             let c = &self.class[ci];
             match (&synced, c.lists[IDLE].get()) {
                 (Ok(()), Some(idle)) => idle.global().push_chain(&v),
-                _ => c.lists[0].get().expect("taken from it").global().push_chain(&v),
+                _ => c.lists[0]
+                    .get()
+                    .expect("taken from it")
+                    .global()
+                    .push_chain(&v),
             }
         }
     }
@@ -691,9 +739,10 @@ impl Slab {
             fail => fail,
         };
         Err(match fail {
-            CarveFail::Full => {
-                SlabError::ClassFull { class_size: c.size, capacity: u64::from(c.capacity) }
-            }
+            CarveFail::Full => SlabError::ClassFull {
+                class_size: c.size,
+                capacity: u64::from(c.capacity),
+            },
             CarveFail::WouldGrow(pages) => SlabError::WouldGrow { pages },
         })
     }
@@ -806,7 +855,9 @@ impl Slab {
         let n = self.streams.count.load(Acquire);
         let mut any = false;
         for s in (0..n).filter(|&s| Some(s) != own) {
-            let Some(list) = c.lists[s].get() else { continue };
+            let Some(list) = c.lists[s].get() else {
+                continue;
+            };
             let mut batch = Vec::new();
             while batch.len() < MIGRATE_BATCH {
                 match list.pop() {
@@ -819,7 +870,10 @@ impl Slab {
             }
             match self.record(self.streams.ids[s].load(Relaxed)) {
                 Ok(event) => {
-                    g.pending.push(Pending { event, slots: batch });
+                    g.pending.push(Pending {
+                        event,
+                        slots: batch,
+                    });
                     self.counters.migrations.fetch_add(1, Relaxed);
                     any = true;
                 }
@@ -834,18 +888,33 @@ impl Slab {
 
     /// A free on a stream beyond the table: one event per free, the slot pending until it completes.
     #[cold]
-    fn free_overflow(&self, c: &Class, ptr: u64, slot: u32, stream: StreamId) -> Result<u64, SlabError> {
+    fn free_overflow(
+        &self,
+        c: &Class,
+        ptr: u64,
+        slot: u32,
+        stream: StreamId,
+    ) -> Result<u64, SlabError> {
         let mut g = c.slow.lock();
         if c.live[slot as usize].load(Relaxed) == 0 {
-            return Err(SlabError::InvalidFree { ptr, reason: "not allocated (double free?)" });
+            return Err(SlabError::InvalidFree {
+                ptr,
+                reason: "not allocated (double free?)",
+            });
         }
         let event = self.record(stream)?;
         if c.live[slot as usize].swap(0, AcqRel) == 0 {
             // A concurrent free of the same pointer won: that one owns the slot.
             self.events.lock().push(event);
-            return Err(SlabError::InvalidFree { ptr, reason: "not allocated (double free?)" });
+            return Err(SlabError::InvalidFree {
+                ptr,
+                reason: "not allocated (double free?)",
+            });
         }
-        g.pending.push(Pending { event, slots: vec![slot] });
+        g.pending.push(Pending {
+            event,
+            slots: vec![slot],
+        });
         self.counters.overflow_frees.fetch_add(1, Relaxed);
         Ok(c.size)
     }
@@ -900,7 +969,9 @@ impl Slab {
                 Err(e) => err = Some(SlabError::from(e)),
             }
         }
-        let reclaim: Vec<bool> = (0..free_in.len()).map(|k| full(k) && (synced || !unsafe_in[k])).collect();
+        let reclaim: Vec<bool> = (0..free_in.len())
+            .map(|k| full(k) && (synced || !unsafe_in[k]))
+            .collect();
         // Give back what is not decommitted: after a synchronize everything is safe.
         let idle = c.lists[IDLE].get();
         let mut back: [Vec<u32>; STREAM_SLOTS + 1] = Default::default();
@@ -927,8 +998,11 @@ impl Slab {
         }
         let mut freed_pages = 0u64;
         for k in (0..reclaim.len()).filter(|&k| reclaim[k]) {
-            debug_assert!(c.live[k * spc as usize..(k + 1) * spc as usize].iter().all(|b| b.load(Relaxed) == 0));
-            self.region.decommit(c.offset + k as u64 * c.chunk_len, c.chunk_len);
+            debug_assert!(c.live[k * spc as usize..(k + 1) * spc as usize]
+                .iter()
+                .all(|b| b.load(Relaxed) == 0));
+            self.region
+                .decommit(c.offset + k as u64 * c.chunk_len, c.chunk_len);
             g.committed[k] = false;
             g.released.push(k as u32);
             for p in self.pages_of(c, k as u32) {
@@ -957,7 +1031,8 @@ impl Drop for Slab {
                 }
             }
             for (k, _) in g.committed.iter().enumerate().filter(|(_, &on)| on) {
-                self.region.decommit(c.offset + k as u64 * c.chunk_len, c.chunk_len);
+                self.region
+                    .decommit(c.offset + k as u64 * c.chunk_len, c.chunk_len);
             }
         }
         for ev in self.events.get_mut().drain(..) {

@@ -24,7 +24,11 @@ fn fixture(cfg: SlabConfig) -> Fixture {
 }
 
 fn small_cfg() -> SlabConfig {
-    SlabConfig { class_span: 64 * MIB, max_slots_per_class: 1 << 14, ..SlabConfig::default() }
+    SlabConfig {
+        class_span: 64 * MIB,
+        max_slots_per_class: 1 << 14,
+        ..SlabConfig::default()
+    }
 }
 
 #[test]
@@ -36,7 +40,11 @@ fn alloc_free_roundtrip_reuses_on_the_same_stream() {
     assert!(s.owns(p));
     assert_eq!(p % 512, 0);
     assert_eq!(s.free(p, 0).unwrap(), 1024);
-    assert_eq!(s.alloc(1024, 0, true).unwrap(), p, "LIFO reuse on the same stream");
+    assert_eq!(
+        s.alloc(1024, 0, true).unwrap(),
+        p,
+        "LIFO reuse on the same stream"
+    );
     let q = s.alloc(1024, 0, true).unwrap();
     assert_ne!(p, q);
     assert_eq!(q.abs_diff(p), 1024, "slots of a chunk are packed");
@@ -58,10 +66,16 @@ fn bad_frees_are_typed_errors_and_change_nothing() {
     let inval = |r: Result<u64, SlabError>| matches!(r, Err(SlabError::InvalidFree { .. }));
     assert!(inval(s.free(p + 512, 0)), "interior pointer");
     assert!(inval(s.free(0x1234, 0)), "foreign pointer");
-    assert!(inval(s.free(s.base.wrapping_sub(4096), 0)), "just below the slab");
+    assert!(
+        inval(s.free(s.base.wrapping_sub(4096), 0)),
+        "just below the slab"
+    );
     let end = s.base + ((s.class.len() as u64) << s.span_shift);
     assert!(!s.owns(end) && inval(s.free(end, 0)), "just past the slab");
-    assert!(inval(s.free(p + 4096, 0)), "a free slot that was never handed out");
+    assert!(
+        inval(s.free(p + 4096, 0)),
+        "a free slot that was never handed out"
+    );
     // Beyond the class's capacity but inside its span.
     let c = &s.class[s.class_of(4096).unwrap().0];
     let beyond = s.base + c.offset + u64::from(c.capacity) * c.size;
@@ -80,21 +94,57 @@ fn bad_frees_are_typed_errors_and_change_nothing() {
 fn unsupported_sizes_and_bad_configs_are_rejected() {
     let f = fixture(small_cfg());
     for size in [0, MIB + 1, u64::MAX] {
-        assert!(matches!(f.slab.alloc(size, 0, true), Err(SlabError::UnsupportedSize { .. })));
+        assert!(matches!(
+            f.slab.alloc(size, 0, true),
+            Err(SlabError::UnsupportedSize { .. })
+        ));
         assert_eq!(f.slab.class_of(size), None);
     }
     let bad = [
-        SlabConfig { classes_per_doubling: 3, ..small_cfg() },
-        SlabConfig { classes_per_doubling: 32, ..small_cfg() },
-        SlabConfig { max_size: 0, ..small_cfg() },
-        SlabConfig { class_span: 3 * MIB, ..small_cfg() },
-        SlabConfig { class_span: MIB, ..small_cfg() },
-        SlabConfig { class_span: 8 << 30, ..small_cfg() },
-        SlabConfig { max_size: 128 * MIB, ..small_cfg() },
-        SlabConfig { chunk_bytes: 128 * MIB, ..small_cfg() },
-        SlabConfig { max_slots_per_class: 0, ..small_cfg() },
-        SlabConfig { shard_capacity: 0, ..small_cfg() },
-        SlabConfig { shard_capacity: 4096, ..small_cfg() },
+        SlabConfig {
+            classes_per_doubling: 3,
+            ..small_cfg()
+        },
+        SlabConfig {
+            classes_per_doubling: 32,
+            ..small_cfg()
+        },
+        SlabConfig {
+            max_size: 0,
+            ..small_cfg()
+        },
+        SlabConfig {
+            class_span: 3 * MIB,
+            ..small_cfg()
+        },
+        SlabConfig {
+            class_span: MIB,
+            ..small_cfg()
+        },
+        SlabConfig {
+            class_span: 8 << 30,
+            ..small_cfg()
+        },
+        SlabConfig {
+            max_size: 128 * MIB,
+            ..small_cfg()
+        },
+        SlabConfig {
+            chunk_bytes: 128 * MIB,
+            ..small_cfg()
+        },
+        SlabConfig {
+            max_slots_per_class: 0,
+            ..small_cfg()
+        },
+        SlabConfig {
+            shard_capacity: 0,
+            ..small_cfg()
+        },
+        SlabConfig {
+            shard_capacity: 4096,
+            ..small_cfg()
+        },
     ];
     for cfg in bad {
         let r = Slab::new(&f.pool, f.dev.clone(), cfg.clone());
@@ -106,7 +156,10 @@ fn unsupported_sizes_and_bad_configs_are_rejected() {
 fn would_grow_passes_up_and_nothing_changes() {
     let f = fixture(small_cfg());
     let s = &f.slab;
-    assert!(matches!(s.alloc(512, 0, false), Err(SlabError::WouldGrow { pages: 1 })));
+    assert!(matches!(
+        s.alloc(512, 0, false),
+        Err(SlabError::WouldGrow { pages: 1 })
+    ));
     assert_eq!(s.stats().committed_bytes, 0);
     assert_eq!(f.pool.stats().pages_held, 0);
     let p = s.alloc(512, 0, true).unwrap();
@@ -120,14 +173,23 @@ fn would_grow_passes_up_and_nothing_changes() {
 
 #[test]
 fn class_full_is_reported() {
-    let cfg = SlabConfig { max_slots_per_class: 4096, ..small_cfg() };
+    let cfg = SlabConfig {
+        max_slots_per_class: 4096,
+        ..small_cfg()
+    };
     let f = fixture(cfg);
     let s = &f.slab;
     let mut seen = HashSet::new();
     for _ in 0..4096 {
         assert!(seen.insert(s.alloc(512, 0, true).unwrap()));
     }
-    assert!(matches!(s.alloc(512, 0, true), Err(SlabError::ClassFull { class_size: 512, capacity: 4096 })));
+    assert!(matches!(
+        s.alloc(512, 0, true),
+        Err(SlabError::ClassFull {
+            class_size: 512,
+            capacity: 4096
+        })
+    ));
     // Another class is unaffected.
     s.alloc(1024, 0, true).unwrap();
     let p = *seen.iter().next().unwrap();
@@ -170,7 +232,11 @@ fn the_second_stream_makes_earlier_frees_safe_with_one_synchronize() {
     let before = f.dev.calls();
     let a = s.alloc(MIB, t, true).unwrap();
     let b = s.alloc(MIB, t, true).unwrap();
-    assert_eq!(HashSet::from([a, b]), HashSet::from([p, q]), "reused, not new memory");
+    assert_eq!(
+        HashSet::from([a, b]),
+        HashSet::from([p, q]),
+        "reused, not new memory"
+    );
     let d = f.dev.calls().since(&before);
     assert_eq!(d.get(CallKind::Synchronize), 1);
     assert_eq!(d.get(CallKind::EventRecord), 0);
@@ -183,7 +249,10 @@ fn the_second_stream_makes_earlier_frees_safe_with_one_synchronize() {
 fn a_block_freed_on_a_paused_stream_waits_for_it() {
     let f = fixture(small_cfg());
     let s = &f.slab;
-    let (s1, s2) = (f.dev.stream_create().unwrap(), f.dev.stream_create().unwrap());
+    let (s1, s2) = (
+        f.dev.stream_create().unwrap(),
+        f.dev.stream_create().unwrap(),
+    );
     // Register both streams while nothing is paused; 1 MiB blocks: two per chunk.
     let a1 = s.alloc(MIB, s1, true).unwrap();
     let a2 = s.alloc(MIB, s1, true).unwrap();
@@ -203,14 +272,20 @@ fn a_block_freed_on_a_paused_stream_waits_for_it() {
     let mut got = Vec::new();
     for _ in 0..4 {
         let p = s.alloc(MIB, s2, true).unwrap();
-        assert!(p != a1 && p != a2, "block freed on a paused stream handed to another stream");
+        assert!(
+            p != a1 && p != a2,
+            "block freed on a paused stream handed to another stream"
+        );
         got.push(p);
     }
     let mut would_grow = false;
     for _ in 0..4 {
         match s.alloc(MIB, s2, false) {
             Ok(p) => {
-                assert!(p != a1 && p != a2, "block freed on a paused stream handed to another stream");
+                assert!(
+                    p != a1 && p != a2,
+                    "block freed on a paused stream handed to another stream"
+                );
                 got.push(p);
             }
             Err(SlabError::WouldGrow { .. }) => {
@@ -220,7 +295,10 @@ fn a_block_freed_on_a_paused_stream_waits_for_it() {
             Err(e) => panic!("{e}"),
         }
     }
-    assert!(would_grow, "under memory pressure the pending batch is waited for, not taken");
+    assert!(
+        would_grow,
+        "under memory pressure the pending batch is waited for, not taken"
+    );
     let st = s.stats();
     assert_eq!(st.migrations, 1);
     assert_eq!(st.pending_blocks, 2);
@@ -234,7 +312,10 @@ fn a_block_freed_on_a_paused_stream_waits_for_it() {
     for _ in 0..n_got + 2 {
         again.insert(s.alloc(MIB, s2, false).unwrap());
     }
-    assert!(again.contains(&a1) && again.contains(&a2), "after the resume the batch is reusable");
+    assert!(
+        again.contains(&a1) && again.contains(&a2),
+        "after the resume the batch is reusable"
+    );
     assert_eq!(s.stats().pending_blocks, 0);
     s.free(z, s2).unwrap();
 }
@@ -243,7 +324,9 @@ fn a_block_freed_on_a_paused_stream_waits_for_it() {
 fn streams_beyond_the_table_take_the_overflow_path() {
     let f = fixture(small_cfg());
     let s = &f.slab;
-    let streams: Vec<_> = (0..STREAM_SLOTS + 2).map(|_| f.dev.stream_create().unwrap()).collect();
+    let streams: Vec<_> = (0..STREAM_SLOTS + 2)
+        .map(|_| f.dev.stream_create().unwrap())
+        .collect();
     let mut blocks = Vec::new();
     for &st in &streams {
         blocks.push((s.alloc(2048, st, true).unwrap(), st));
@@ -254,13 +337,21 @@ fn streams_beyond_the_table_take_the_overflow_path() {
         s.free(p, st).unwrap();
     }
     let d = f.dev.calls().since(&before);
-    assert_eq!(d.get(CallKind::EventRecord), 2, "one event per overflow free");
+    assert_eq!(
+        d.get(CallKind::EventRecord),
+        2,
+        "one event per overflow free"
+    );
     assert_eq!(s.stats().overflow_frees, 2);
     let (p, st) = blocks[STREAM_SLOTS];
-    assert!(matches!(s.free(p, st), Err(SlabError::InvalidFree { .. })), "double free on the overflow path");
+    assert!(
+        matches!(s.free(p, st), Err(SlabError::InvalidFree { .. })),
+        "double free on the overflow path"
+    );
     // The overflow frees complete and are reused.
     let c = &s.class[s.class_of(2048).unwrap().0];
-    s.poll_pending(&mut c.slow.lock(), c.lists[IDLE].get().unwrap()).unwrap();
+    s.poll_pending(&mut c.slow.lock(), c.lists[IDLE].get().unwrap())
+        .unwrap();
     assert_eq!(s.stats().pending_blocks, 0);
     for _ in 0..blocks.len() {
         s.alloc(2048, streams[STREAM_SLOTS + 1], true).unwrap();
@@ -286,7 +377,10 @@ fn reclaim_returns_empty_chunks_and_keeps_partial_ones() {
     // Freed on a stream: one synchronize made them safe.
     assert_eq!(f.dev.calls().since(&before).get(CallKind::Synchronize), 1);
     let st = s.stats();
-    assert_eq!((st.chunks_committed, st.committed_bytes, st.live_blocks), (1, 2 * MIB, 1));
+    assert_eq!(
+        (st.chunks_committed, st.committed_bytes, st.live_blocks),
+        (1, 2 * MIB, 1)
+    );
     assert_eq!(st.free_blocks, 511);
     assert_eq!(f.pool.stats().pages_in_use, 1);
     // Nothing left to reclaim; no further synchronize needed.
@@ -301,7 +395,10 @@ fn reclaim_returns_empty_chunks_and_keeps_partial_ones() {
     }
     assert_eq!(s.reclaim().unwrap(), 4 * MIB);
     let st = s.stats();
-    assert_eq!((st.committed_bytes, st.chunks_committed, st.live_blocks), (0, 0, 0));
+    assert_eq!(
+        (st.committed_bytes, st.chunks_committed, st.live_blocks),
+        (0, 0, 0)
+    );
     assert_eq!(st.peak_committed_bytes, 12 * MIB);
     assert_eq!(f.pool.stats().pages_in_use, 0);
 }
@@ -327,7 +424,11 @@ fn reclaim_of_safe_slots_needs_no_synchronize_and_unsafe_chunks_wait() {
     let committed = s.stats().committed_bytes;
     assert!(matches!(s.reclaim(), Err(SlabError::Device(_))));
     assert_eq!(s.stats().committed_bytes, committed, "unsafe chunk kept");
-    assert_eq!(s.alloc(1 << 16, t, true).unwrap(), r, "and its slots are back on their stream's list");
+    assert_eq!(
+        s.alloc(1 << 16, t, true).unwrap(),
+        r,
+        "and its slots are back on their stream's list"
+    );
     s.free(r, t).unwrap();
     f.dev.resume_stream(t).unwrap();
     assert_eq!(s.reclaim().unwrap(), 2 * MIB);
@@ -338,7 +439,10 @@ fn reclaim_of_safe_slots_needs_no_synchronize_and_unsafe_chunks_wait() {
 
 #[test]
 fn stress_threads_alloc_here_free_there() {
-    let f = fixture(SlabConfig { max_size: 64 << 10, ..small_cfg() });
+    let f = fixture(SlabConfig {
+        max_size: 64 << 10,
+        ..small_cfg()
+    });
     let slab = Arc::new(f.slab);
     let t1 = f.dev.stream_create().unwrap();
     let threads = 4;
@@ -451,3 +555,93 @@ fn timing_alloc_free_pair() {
 }
 
 mod props;
+
+/// Reference costs of the free-list primitives on this machine (run with `--release -- --ignored`).
+#[test]
+#[ignore]
+fn timing_reference_primitives() {
+    let n = 10_000_000u32;
+    let fl = gen_freelist::FreeList::new(1024).unwrap();
+    fl.push(1);
+    let t0 = std::time::Instant::now();
+    for _ in 0..n {
+        let i = fl.pop().unwrap();
+        fl.push(std::hint::black_box(i));
+    }
+    let a = t0.elapsed().as_nanos() as f64 / f64::from(n);
+    let fc = FrontCache::new(1024, 2, 32).unwrap();
+    fc.push(1);
+    let t0 = std::time::Instant::now();
+    for _ in 0..n {
+        let i = fc.pop().unwrap();
+        fc.push(std::hint::black_box(i));
+    }
+    let b = t0.elapsed().as_nanos() as f64 / f64::from(n);
+    let x = AtomicU8::new(0);
+    let t0 = std::time::Instant::now();
+    for _ in 0..n {
+        x.store(1, Relaxed);
+        std::hint::black_box(x.swap(0, AcqRel));
+    }
+    let c = t0.elapsed().as_nanos() as f64 / f64::from(n);
+    println!("FreeList pop+push {a:.1} ns, FrontCache pop+push {b:.1} ns, store+swap {c:.1} ns");
+}
+
+/// Short-path scaling: `T` threads, each alloc+free pairs of 512 B – 64 KiB with 16 live, stream 0
+/// (run with `--release -- --ignored`; meaningful only on an otherwise idle machine).
+#[test]
+#[ignore]
+fn timing_thread_scaling() {
+    let f = fixture(SlabConfig::default());
+    let slab = Arc::new(f.slab);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let pairs = 2_000_000u64;
+    // disjoint: thread i uses only class i (no cache line shared between threads' slots).
+    for disjoint in [false, true] {
+        let mut base = 0.0;
+        for threads in [1usize, 2, 4, 8, 16].into_iter().filter(|&t| t <= cores) {
+            let barrier = Arc::new(std::sync::Barrier::new(threads + 1));
+            let handles: Vec<_> = (0..threads)
+                .map(|i| {
+                    let slab = slab.clone();
+                    let barrier = barrier.clone();
+                    std::thread::spawn(move || {
+                        let sizes = if disjoint {
+                            [512 * (i as u64 + 1); 8]
+                        } else {
+                            [512u64, 4096, 1536, 65536, 20_000, 8192, 700, 30_000]
+                        };
+                        let mut ring: Vec<u64> = (0..16)
+                            .map(|k| slab.alloc(sizes[(k + i) % 8], 0, true).unwrap())
+                            .collect();
+                        barrier.wait();
+                        for k in 0..pairs as usize {
+                            let j = k % 16;
+                            slab.free(ring[j], 0).unwrap();
+                            ring[j] = slab.alloc(sizes[(k + i) % 8], 0, true).unwrap();
+                        }
+                        for p in ring {
+                            slab.free(p, 0).unwrap();
+                        }
+                    })
+                })
+                .collect();
+            barrier.wait();
+            let t0 = std::time::Instant::now();
+            for h in handles {
+                h.join().unwrap();
+            }
+            let rate = (threads as u64 * pairs) as f64 / t0.elapsed().as_secs_f64();
+            if threads == 1 {
+                base = rate;
+            }
+            println!(
+            "gen-slab: {threads:2} threads{}: {:.1} M pairs/s ({:.1} ns/pair/thread, {:.2}x of 1 thread)",
+            if disjoint { " (a class each)" } else { "" },
+            rate / 1e6,
+            threads as f64 * 1e9 / rate,
+            rate / base
+        );
+        }
+    }
+}
