@@ -73,7 +73,7 @@ pub struct ClassifierConfig {
     pub(crate) max_probes: u32,
     /// Sub-buckets per power of two in the size bucket (as bits). Default 2 (four per octave).
     pub(crate) size_sub_bits: u32,
-    /// Position-in-iteration buckets once a period is known (1 = position ignored). Default 4.
+    /// Position-in-iteration buckets once a period is known (1 = position ignored). Default 8.
     pub(crate) phase_buckets: u32,
     /// Whether the call-site tag takes part in the key. Default true.
     pub(crate) use_site: bool,
@@ -83,9 +83,11 @@ pub struct ClassifierConfig {
     pub(crate) period_min: u64,
     /// Confirmations a candidate period needs before it is adopted. Default 16.
     pub(crate) period_votes: u32,
-    /// Allocations from the start of the run during which the size prior may say Long. Default 256.
-    pub(crate) prior_warmup_allocs: u64,
-    /// Smallest size the prior calls Long during warm-up. Default 1 MiB.
+    /// An unseen key allocated after at least this many allocations without a free (or before the first
+    /// free of the run) is predicted Long: weights and optimizer state are created in such bursts.
+    /// Default 16; 0 disables.
+    pub(crate) prior_burst_allocs: u64,
+    /// Smallest size the burst prior calls Long. Default 0 (any size).
     pub(crate) prior_long_min_size: u64,
     /// Observations a key needs before a flip of its prediction counts as a drift event. Default 4.
     pub(crate) drift_min_obs: u32,
@@ -100,13 +102,13 @@ impl Default for ClassifierConfig {
             capacity: 8192,
             max_probes: 16,
             size_sub_bits: 2,
-            phase_buckets: 4,
+            phase_buckets: 8,
             use_site: true,
             detect_period: true,
             period_min: 64,
             period_votes: 16,
-            prior_warmup_allocs: 256,
-            prior_long_min_size: 1 << 20,
+            prior_burst_allocs: 16,
+            prior_long_min_size: 0,
             drift_min_obs: 4,
         }
     }
@@ -137,7 +139,7 @@ impl ClassifierConfig {
     pub fn use_site(&self) -> bool {
         self.use_site
     }
-    /// Position-in-iteration buckets (default 4).
+    /// Position-in-iteration buckets (default 8).
     pub fn phase_buckets(&self) -> u32 {
         self.phase_buckets
     }
@@ -180,7 +182,7 @@ impl ClassifierConfigBuilder {
         self.cfg.size_sub_bits = b;
         self
     }
-    /// Position-in-iteration buckets, `1..=64` (default 4; 1 ignores the position).
+    /// Position-in-iteration buckets, `1..=64` (default 8; 1 ignores the position).
     pub fn phase_buckets(mut self, n: u32) -> Self {
         self.cfg.phase_buckets = n;
         self
@@ -205,12 +207,12 @@ impl ClassifierConfigBuilder {
         self.cfg.period_votes = n;
         self
     }
-    /// Warm-up length of the size prior's Long rule in allocations (default 256).
-    pub fn prior_warmup_allocs(mut self, n: u64) -> Self {
-        self.cfg.prior_warmup_allocs = n;
+    /// Allocations without a free after which unseen keys are predicted Long (default 16; 0 disables).
+    pub fn prior_burst_allocs(mut self, n: u64) -> Self {
+        self.cfg.prior_burst_allocs = n;
         self
     }
-    /// Smallest size the prior calls Long during warm-up (default 1 MiB).
+    /// Smallest size the burst prior calls Long (default 0: any size).
     pub fn prior_long_min_size(mut self, n: u64) -> Self {
         self.cfg.prior_long_min_size = n;
         self

@@ -49,7 +49,6 @@ use confusion::AtomicConfusion;
 use period::Detector;
 use state::{observe_atomic, EpochBuckets, KeyState};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
 
 /// A predicted or observed lifetime class.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -106,6 +105,8 @@ pub struct Features {
 }
 
 const NO_SLOT: u32 = u32::MAX;
+/// One free in this many teaches the coarse size-bucket prior.
+const COARSE_SAMPLE: u64 = 4;
 const F_SHORT_TRACKED: u8 = 1;
 const F_MID_TRACKED: u8 = 2;
 
@@ -180,7 +181,8 @@ pub struct ClassifierStats {
 
 #[derive(Default)]
 struct AtomicStats {
-    frees: AtomicU64,
+    /// Blocks scored by `finish` (frees = scored − finished).
+    finished: AtomicU64,
     keys: AtomicU64,
     unkeyed: AtomicU64,
     overdue_short: AtomicU64,
@@ -219,6 +221,12 @@ fn size_class(size: u64, sub_bits: u32) -> u16 {
     ((log << sub_bits) as u64 | sub) as u16
 }
 
+/// log2 of the epoch length used for a horizon of `allocs` allocations: the horizon rounded up to a power
+/// of two, so an allocation two epochs old has certainly lived longer than the horizon.
+fn epoch_shift(allocs: u64) -> u32 {
+    allocs.max(1).next_power_of_two().trailing_zeros()
+}
+
 /// The online lifetime classifier. `Send + Sync`; share it by reference.
 pub struct Classifier {
     cfg: ClassifierConfig,
@@ -232,7 +240,10 @@ pub struct Classifier {
     origin: AtomicU64,
     marked: AtomicBool,
     last_mark: AtomicU64,
-    detector: Mutex<Detector>,
+    last_free: AtomicU64,
+    detector: Detector,
+    short_shift: u32,
+    mid_shift: u32,
     confusion: AtomicConfusion,
     stats: AtomicStats,
 }
@@ -263,7 +274,10 @@ impl Classifier {
             origin: AtomicU64::new(0),
             marked: AtomicBool::new(false),
             last_mark: AtomicU64::new(u64::MAX),
-            detector: Mutex::new(Detector::new(cfg.period_min, cfg.period_votes)),
+            last_free: AtomicU64::new(u64::MAX),
+            detector: Detector::new(cfg.period_min, cfg.period_votes),
+            short_shift: epoch_shift(cfg.short.allocs),
+            mid_shift: epoch_shift(cfg.mid.allocs),
             confusion: AtomicConfusion::default(),
             stats: AtomicStats::default(),
             cfg,
@@ -293,12 +307,15 @@ impl Classifier {
             return 0;
         }
         let d = clock.wrapping_sub(self.origin.load(Ordering::Relaxed));
-        if self.marked.load(Ordering::Relaxed) {
+        // Periods above 2^57 allocations cannot occur (the clock would take centuries), but saturate
+        // rather than overflow.
+        let pos = if self.marked.load(Ordering::Relaxed) {
             // Iterations may run longer than the last one: clamp into the last bucket.
-            (d.min(p - 1) as u128 * n as u128 / p as u128) as u64
+            d.min(p - 1)
         } else {
-            ((d % p) as u128 * n as u128 / p as u128) as u64
-        }
+            d % p
+        };
+        pos.saturating_mul(n) / p
     }
 
     /// The slot index of `key` (non-zero), inserting it if absent; `None` when the probe sequence is full.
@@ -350,20 +367,18 @@ impl Classifier {
         let site = if self.cfg.use_site { f.site.map_or(0, |s| mix(s ^ 0x5173)) } else { 0 };
         let base = mix(mix((sc as u64) | ((f.device as u64) << 32)) ^ f.stream) ^ site;
         if self.cfg.detect_period && !self.marked.load(Ordering::Relaxed) {
-            if let Ok(mut d) = self.detector.try_lock() {
-                if let Some(p) = d.feed(clock, base) {
-                    self.origin.store(clock, Ordering::Relaxed);
-                    self.period.store(p, Ordering::Relaxed);
-                    self.stats.period_changes.fetch_add(1, Ordering::Relaxed);
-                }
+            if let Some(p) = self.detector.feed(clock, base) {
+                self.origin.store(clock, Ordering::Relaxed);
+                self.period.store(p, Ordering::Relaxed);
+                self.stats.period_changes.fetch_add(1, Ordering::Relaxed);
             }
         }
         let key = mix(base ^ (self.phase_bucket(clock) << 48)) | 1;
         let mut slot_idx = NO_SLOT;
         let mut learned = None;
         let mut flags = 0;
-        let short_epoch = clock / self.cfg.short.allocs;
-        let mid_epoch = clock / self.cfg.mid.allocs;
+        let short_epoch = clock >> self.short_shift;
+        let mid_epoch = clock >> self.mid_shift;
         let slot = self.lookup(key).map(|i| {
             slot_idx = i as u32;
             &self.slots[i]
@@ -386,10 +401,13 @@ impl Classifier {
             (None, Some(c)) => c,
             (None, None) => {
                 let cs = KeyState::unpack(self.coarse[sc as usize].load(Ordering::Relaxed));
-                if cs.n > 0 {
-                    cs.class
-                } else if clock < self.cfg.prior_warmup_allocs && f.size >= self.cfg.prior_long_min_size {
+                let last_free = self.last_free.load(Ordering::Relaxed);
+                let burst = self.cfg.prior_burst_allocs != 0
+                    && (last_free == u64::MAX || clock.saturating_sub(last_free) >= self.cfg.prior_burst_allocs);
+                if burst && f.size >= self.cfg.prior_long_min_size {
                     Lifetime::Long
+                } else if cs.n > 0 {
+                    cs.class
                 } else {
                     Lifetime::Short
                 }
@@ -426,7 +444,9 @@ impl Classifier {
     /// Learns from a free: measures the lifetime, scores the prediction, updates the key (unless an
     /// overdue sweep already corrected it for this block) and the coarse size bucket of `size`.
     pub fn on_free(&self, s: &Stamp, size: u64) -> Outcome {
-        let la = self.alloc_clock.load(Ordering::Relaxed).saturating_sub(s.alloc_clock);
+        let now = self.alloc_clock.load(Ordering::Relaxed);
+        self.last_free.store(now, Ordering::Relaxed);
+        let la = now.saturating_sub(s.alloc_clock);
         let lb = self.byte_clock.load(Ordering::Relaxed).wrapping_sub(s.byte_clock);
         let lb = if lb > 1 << 62 { 0 } else { lb };
         let actual = self.classify(la, lb);
@@ -434,18 +454,21 @@ impl Classifier {
         if let Some(slot) = self.slots.get(s.slot as usize) {
             let epoch_clock = s.alloc_clock.wrapping_sub(1);
             if s.flags & F_SHORT_TRACKED != 0 {
-                learn = slot.short.release(epoch_clock / self.cfg.short.allocs);
+                learn = slot.short.release(epoch_clock >> self.short_shift);
             } else if s.flags & F_MID_TRACKED != 0 {
-                learn = slot.mid.release(epoch_clock / self.cfg.mid.allocs);
+                learn = slot.mid.release(epoch_clock >> self.mid_shift);
             }
             if learn {
                 self.learn_key(slot, actual, 1);
             }
         }
-        let sc = size_class(size, self.cfg.size_sub_bits);
-        observe_atomic(&self.coarse[sc as usize], actual, 1, self.decay_num);
+        // The coarse (size-only) prior learns from one free in COARSE_SAMPLE: it only has to track
+        // the class mix of a size bucket, and sampling keeps its shared cache lines mostly read-only.
+        if s.alloc_clock % COARSE_SAMPLE == 0 || s.slot == NO_SLOT {
+            let sc = size_class(size, self.cfg.size_sub_bits);
+            observe_atomic(&self.coarse[sc as usize], actual, 1, self.decay_num);
+        }
         self.confusion.add(s.predicted, actual, size);
-        self.stats.frees.fetch_add(1, Ordering::Relaxed);
         Outcome {
             actual,
             lifetime_allocs: la,
@@ -487,6 +510,7 @@ impl Classifier {
             if self.cfg.short.fits(la, lb) {
                 self.stats.censored.fetch_add(1, Ordering::Relaxed);
             } else {
+                self.stats.finished.fetch_add(1, Ordering::Relaxed);
                 self.confusion.add(s.predicted, Lifetime::Long, size);
             }
         }
@@ -503,7 +527,7 @@ impl Classifier {
         let s = &self.stats;
         ClassifierStats {
             allocs: l(&self.alloc_clock),
-            frees: l(&s.frees),
+            frees: self.confusion.snapshot().total_count().saturating_sub(l(&s.finished)),
             keys: l(&s.keys),
             unkeyed: l(&s.unkeyed),
             overdue_short: l(&s.overdue_short),

@@ -74,7 +74,12 @@ pub(crate) fn observe_atomic(
         for _ in 0..times {
             new = new.observe(c, decay_num);
         }
-        match cell.compare_exchange_weak(cur, new.pack(), Ordering::Relaxed, Ordering::Relaxed) {
+        let packed = new.pack();
+        if packed == cur {
+            // Steady state: the observation changes nothing, so the shared line stays read-only.
+            return (old, new);
+        }
+        match cell.compare_exchange_weak(cur, packed, Ordering::Relaxed, Ordering::Relaxed) {
             Ok(_) => return (old, new),
             Err(actual) => cur = actual,
         }

@@ -1,0 +1,100 @@
+//! Test helper: reads the real allocation traces (`../shared/traces/*.csv.gz`) and replays them
+//! through a classifier.
+#![allow(dead_code)]
+
+use flate2::read::GzDecoder;
+use gen_classifier::{Classifier, ClassifierConfig, Features, Stamp};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+
+/// One trace event.
+#[derive(Clone, Copy, Debug)]
+pub enum Event {
+    /// `a` line.
+    Alloc { addr: u64, size: u64, stream: u64, site: u64 },
+    /// `f` line.
+    Free { addr: u64 },
+}
+
+/// The directory of the shared traces (overridable with `GENPOOL_TRACES`).
+pub fn traces_dir() -> PathBuf {
+    std::env::var_os("GENPOOL_TRACES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces"))
+}
+
+/// Parses a gzip CSV trace; `None` when the file is absent. Malformed lines are an error.
+pub fn load(name: &str) -> Option<Result<Vec<Event>, String>> {
+    let path = traces_dir().join(name);
+    let file = std::fs::File::open(&path).ok()?;
+    let mut out = Vec::new();
+    for (n, line) in BufReader::new(GzDecoder::new(file)).lines().enumerate() {
+        let line = match line {
+            Ok(l) => l,
+            Err(e) => return Some(Err(format!("{}: {e}", path.display()))),
+        };
+        if n == 0 || line.is_empty() {
+            continue;
+        }
+        let f: Vec<&str> = line.split(',').collect();
+        let num = |i: usize| -> Result<u64, String> {
+            f.get(i)
+                .ok_or_else(|| format!("line {n}: missing column {i}"))?
+                .parse::<u64>()
+                .map_err(|e| format!("line {n}: column {i}: {e}"))
+        };
+        let ev = match f.get(1).copied() {
+            Some("a") => match (num(2), num(3), num(4), num(5)) {
+                (Ok(addr), Ok(size), Ok(stream), Ok(site)) => Event::Alloc { addr, size, stream, site },
+                (a, b, c, d) => {
+                    let e = [a, b, c, d].into_iter().find_map(Result::err).unwrap_or_default();
+                    return Some(Err(e));
+                }
+            },
+            Some("f") => match num(2) {
+                Ok(addr) => Event::Free { addr },
+                Err(e) => return Some(Err(e)),
+            },
+            other => return Some(Err(format!("line {n}: bad action {other:?}"))),
+        };
+        out.push(ev);
+    }
+    Some(Ok(out))
+}
+
+/// Replays `events` through a fresh classifier (site used or ignored), finishing with the live blocks.
+pub fn replay(events: &[Event], cfg: ClassifierConfig, use_site: bool) -> Classifier {
+    let c = Classifier::new(cfg);
+    let mut live: HashMap<u64, (Stamp, u64)> = HashMap::with_capacity(1 << 16);
+    for ev in events {
+        match *ev {
+            Event::Alloc { addr, size, stream, site } => {
+                let f = Features {
+                    size,
+                    stream,
+                    device: 0,
+                    site: (use_site && site != 0).then_some(site),
+                    hint: None,
+                };
+                let s = c.on_alloc(&f);
+                live.insert(addr, (s, size));
+            }
+            Event::Free { addr } => {
+                if let Some((s, size)) = live.remove(&addr) {
+                    c.on_free(&s, size);
+                }
+            }
+        }
+    }
+    c.finish(live.into_values());
+    c
+}
+
+/// The four shared traces.
+pub const TRACES: [&str; 4] = [
+    "gpt2_train_fixed.csv.gz",
+    "gpt2m_train_varlen.csv.gz",
+    "resnet50_train.csv.gz",
+    "gpt2_generate_kv.csv.gz",
+];
