@@ -106,7 +106,9 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: u64 = num.parse().map_err(|_| format!("'{s}' is not a byte size"))?;
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a byte size"))?;
     let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kb" | "kib" => 1 << 10,
@@ -115,7 +117,8 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         "t" | "tb" | "tib" => 1 << 40,
         u => return Err(format!("unknown unit '{u}' in '{s}'")),
     };
-    n.checked_mul(mult).ok_or_else(|| format!("'{s}' overflows 64 bits"))
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("'{s}' overflows 64 bits"))
 }
 
 fn parse_bool(s: &str) -> Result<bool, String> {
@@ -140,7 +143,9 @@ impl Config {
     pub fn parse(s: &str) -> Result<Self, ConfigError> {
         let mut c = Config::default();
         for entry in s.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-            let (k, v) = entry.split_once(':').ok_or_else(|| ConfigError::Malformed(entry.into()))?;
+            let (k, v) = entry
+                .split_once(':')
+                .ok_or_else(|| ConfigError::Malformed(entry.into()))?;
             c.set(k.trim(), v.trim())?;
         }
         Ok(c)
@@ -186,12 +191,20 @@ impl Config {
             }
             "use_site" => self.use_site = parse_bool(value).map_err(bad)?,
             "short_horizon" => {
-                self.short_horizon = value.parse().map_err(|_| bad("expected an integer".into()))?
+                self.short_horizon = value
+                    .parse()
+                    .map_err(|_| bad("expected an integer".into()))?
             }
             "mid_horizon" => {
-                self.mid_horizon = value.parse().map_err(|_| bad("expected an integer".into()))?
+                self.mid_horizon = value
+                    .parse()
+                    .map_err(|_| bad("expected an integer".into()))?
             }
-            _ => return Err(ConfigError::UnknownKey { key: key.to_string() }),
+            _ => {
+                return Err(ConfigError::UnknownKey {
+                    key: key.to_string(),
+                })
+            }
         }
         Ok(())
     }
@@ -210,7 +223,8 @@ mod tests {
 
     #[test]
     fn parses_keys_and_units() {
-        let c = Config::parse("slab_max_size:256KiB, mid_tier:stream,limit:8G,eager_unmap:true").unwrap();
+        let c = Config::parse("slab_max_size:256KiB, mid_tier:stream,limit:8G,eager_unmap:true")
+            .unwrap();
         assert_eq!(c.slab_max_size, 256 << 10);
         assert_eq!(c.mid_tier, MidTier::Stream);
         assert_eq!(c.limit, Some(8 << 30));
@@ -239,9 +253,15 @@ mod tests {
             "short_horizon:ten",
             "limit:99999999999999999999",
         ] {
-            assert!(matches!(Config::parse(s), Err(ConfigError::BadValue { .. })), "{s}");
+            assert!(
+                matches!(Config::parse(s), Err(ConfigError::BadValue { .. })),
+                "{s}"
+            );
         }
-        assert!(matches!(Config::parse("novalue"), Err(ConfigError::Malformed(_))));
+        assert!(matches!(
+            Config::parse("novalue"),
+            Err(ConfigError::Malformed(_))
+        ));
     }
 
     #[test]

@@ -22,6 +22,8 @@ pub mod config;
 pub mod error;
 mod meta;
 mod pool;
+#[cfg(feature = "replay")]
+pub mod replay;
 pub mod stats;
 
 pub use config::{Config, ConfigError, MidTier, Routing};

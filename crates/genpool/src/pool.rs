@@ -58,7 +58,10 @@ pub struct Hint {
 
 impl Hint {
     /// No hint.
-    pub const NONE: Hint = Hint { lifetime: None, site: None };
+    pub const NONE: Hint = Hint {
+        lifetime: None,
+        site: None,
+    };
 }
 
 /// A block handed out by [`Pool::alloc`].
@@ -106,7 +109,10 @@ pub struct Pool {
 
 impl std::fmt::Debug for Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pool").field("device", &self.device.props().name).field("cfg", &self.cfg).finish()
+        f.debug_struct("Pool")
+            .field("device", &self.device.props().name)
+            .field("cfg", &self.cfg)
+            .finish()
     }
 }
 
@@ -143,7 +149,10 @@ impl Pool {
         let props = device.props().clone();
         let pages = PagePool::new(
             device.clone(),
-            PagePoolConfig { limit: cfg.limit, eager_unmap: cfg.eager_unmap },
+            PagePoolConfig {
+                limit: cfg.limit,
+                eager_unmap: cfg.eager_unmap,
+            },
         )
         .map_err(|e| match e {
             VmmError::Device(d) => GenpoolError::Device(d),
@@ -173,14 +182,23 @@ impl Pool {
         let slab = Slab::new(
             &pages,
             device.clone(),
-            SlabConfig { max_size: cfg.slab_max_size, ..SlabConfig::default() },
+            SlabConfig {
+                max_size: cfg.slab_max_size,
+                ..SlabConfig::default()
+            },
         )
         .map_err(tier_err)?;
         // VA is free: give the extent arena twice the device's memory so its address space never
         // fragments into failure before its pages do.
         let extent_va = (props.total_mem.saturating_mul(2)).div_ceil(page).max(1) * page;
-        let extent = ExtentArena::new(&pages, ExtentConfig { va_bytes: extent_va, ..ExtentConfig::default() })
-            .map_err(tier_err)?;
+        let extent = ExtentArena::new(
+            &pages,
+            ExtentConfig {
+                va_bytes: extent_va,
+                ..ExtentConfig::default()
+            },
+        )
+        .map_err(tier_err)?;
         let buddy = Buddy::new(&pages, BuddyConfig::default()).map_err(tier_err)?;
         let stream = if props.supports_pools && cfg.mid_tier == MidTier::Stream {
             Some(
@@ -196,7 +214,10 @@ impl Pool {
         } else {
             None
         };
-        let cache_cfg = StreamCacheConfig { max_cached_bytes: cfg.cache_max_bytes, ..StreamCacheConfig::default() };
+        let cache_cfg = StreamCacheConfig {
+            max_cached_bytes: cfg.cache_max_bytes,
+            ..StreamCacheConfig::default()
+        };
         Ok(Pool {
             extent_cache: StreamCache::new(device.clone(), cache_cfg.clone()),
             buddy_cache: StreamCache::new(device.clone(), cache_cfg),
@@ -265,10 +286,16 @@ impl Pool {
     /// [`GenpoolError::OutOfMemory`] and stays usable.
     pub fn alloc(&self, size: u64, stream: StreamId, hint: Hint) -> Result<Block> {
         if size == 0 {
-            return Err(GenpoolError::InvalidSize { size, reason: "zero-byte allocation" });
+            return Err(GenpoolError::InvalidSize {
+                size,
+                reason: "zero-byte allocation",
+            });
         }
         if size > self.max_size {
-            return Err(GenpoolError::InvalidSize { size, reason: "larger than the device's memory" });
+            return Err(GenpoolError::InvalidSize {
+                size,
+                reason: "larger than the device's memory",
+            });
         }
         let size = size.div_ceil(ALIGN) * ALIGN;
         let features = Features {
@@ -363,7 +390,10 @@ impl Pool {
                 Err(e) => Attempt::Err(tier_err(e)),
             },
             Tier::Stream => {
-                let sp = self.stream.as_ref().expect("stream tier routed only when present");
+                let sp = self
+                    .stream
+                    .as_ref()
+                    .expect("stream tier routed only when present");
                 match sp.alloc(size, stream) {
                     Ok(p) => Attempt::Ok(p),
                     Err(gen_stream::StreamError::Device(d)) if d.is_oom() => Attempt::Oom,
@@ -413,17 +443,26 @@ impl Pool {
     pub fn free(&self, ptr: u64, stream: StreamId) -> Result<u64> {
         if ptr == 0 {
             self.invalid_frees.fetch_add(1, Relaxed);
-            return Err(GenpoolError::InvalidFree { ptr, fault: FreeFault::Null });
+            return Err(GenpoolError::InvalidFree {
+                ptr,
+                fault: FreeFault::Null,
+            });
         }
         let meta = match self.meta.remove(ptr) {
             Removed::Live(m) => m,
             Removed::RecentlyFreed => {
                 self.invalid_frees.fetch_add(1, Relaxed);
-                return Err(GenpoolError::InvalidFree { ptr, fault: FreeFault::DoubleFree });
+                return Err(GenpoolError::InvalidFree {
+                    ptr,
+                    fault: FreeFault::DoubleFree,
+                });
             }
             Removed::Unknown => {
                 self.invalid_frees.fetch_add(1, Relaxed);
-                return Err(GenpoolError::InvalidFree { ptr, fault: FreeFault::Unknown });
+                return Err(GenpoolError::InvalidFree {
+                    ptr,
+                    fault: FreeFault::Unknown,
+                });
             }
         };
         let size = meta.size;
@@ -437,7 +476,10 @@ impl Pool {
                 self.buddy.free(p).map(|_| ()).map_err(tier_err)
             }),
             Tier::Stream => {
-                let sp = self.stream.as_ref().expect("stream tier present for its blocks");
+                let sp = self
+                    .stream
+                    .as_ref()
+                    .expect("stream tier present for its blocks");
                 sp.free(ptr, stream).map(|_| ()).map_err(tier_err)
             }
         };
@@ -483,14 +525,22 @@ impl Pool {
 
     /// Bytes held from the device now: physical pages of every tier plus the driver pool's reservation.
     pub fn reserved_now(&self) -> u64 {
-        let pool = self.stream.as_ref().and_then(|s| s.stats().pool).map_or(0, |u| u.reserved_current);
+        let pool = self
+            .stream
+            .as_ref()
+            .and_then(|s| s.stats().pool)
+            .map_or(0, |u| u.reserved_current);
         self.pages.stats().bytes_held() + pool
     }
 
     /// Peak bytes held from the device. With the stream tier in use this is the sum of the page pool's
     /// peak and the driver pool's reserved-high — an upper bound of the true peak (never less).
     pub fn reserved_peak(&self) -> u64 {
-        let pool = self.stream.as_ref().and_then(|s| s.stats().pool).map_or(0, |u| u.reserved_high);
+        let pool = self
+            .stream
+            .as_ref()
+            .and_then(|s| s.stats().pool)
+            .map_or(0, |u| u.reserved_high);
         self.pages.stats().bytes_peak() + pool
     }
 
@@ -506,18 +556,31 @@ impl Pool {
 
     /// The tier and size of a live block, if `ptr` is one.
     pub fn lookup(&self, ptr: u64) -> Option<Block> {
-        self.meta.get(ptr).map(|m| Block { ptr, size: m.size, tier: m.tier })
+        self.meta.get(ptr).map(|m| Block {
+            ptr,
+            size: m.size,
+            tier: m.tier,
+        })
     }
 
     /// Every live block (address order not guaranteed).
     pub fn live(&self) -> Vec<Block> {
-        self.meta.snapshot().into_iter().map(|(ptr, m)| Block { ptr, size: m.size, tier: m.tier }).collect()
+        self.meta
+            .snapshot()
+            .into_iter()
+            .map(|(ptr, m)| Block {
+                ptr,
+                size: m.size,
+                tier: m.tier,
+            })
+            .collect()
     }
 
     /// Score the blocks still live as the classifier would at the end of a run (for accuracy reports).
     pub fn finish_classifier(&self) {
         let live = self.meta.snapshot();
-        self.classifier.finish(live.into_iter().map(|(_, m)| (m.stamp, m.size)));
+        self.classifier
+            .finish(live.into_iter().map(|(_, m)| (m.stamp, m.size)));
     }
 
     fn tier_reserved(&self, tier: Tier) -> (u64, u64) {

@@ -1,0 +1,345 @@
+//! The engine on the simulated device: routing, errors, streams, threads, exhaustion, real traces.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use gen_device::sim::SimDevice;
+use gen_device::Device;
+use genpool::replay::EngineReplay;
+use genpool::{Config, FreeFault, GenpoolError, Hint, Lifetime, Pool, Tier, ALIGN};
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+fn sim(capacity: u64) -> Arc<SimDevice> {
+    Arc::new(SimDevice::config().capacity(capacity).build().unwrap())
+}
+
+fn pool_on(dev: &Arc<SimDevice>, cfg: Config) -> Pool {
+    Pool::new(dev.clone() as Arc<dyn Device>, cfg).unwrap()
+}
+
+fn hint(l: Lifetime) -> Hint {
+    Hint {
+        lifetime: Some(l),
+        site: None,
+    }
+}
+
+#[test]
+fn routes_by_lifetime_and_size() {
+    let dev = sim(8 * GIB);
+    let pool = pool_on(&dev, Config::default());
+    let a = pool.alloc(1000, 0, hint(Lifetime::Short)).unwrap();
+    assert_eq!((a.tier, a.size), (Tier::Slab, 1024));
+    let b = pool.alloc(100 * MIB + 3, 0, hint(Lifetime::Short)).unwrap();
+    assert_eq!((b.tier, b.size), (Tier::Extent, 100 * MIB + 512));
+    let c = pool.alloc(3 * MIB, 0, hint(Lifetime::Long)).unwrap();
+    assert_eq!(c.tier, Tier::Buddy);
+    let d = pool.alloc(5 * MIB, 0, hint(Lifetime::Mid)).unwrap();
+    assert_eq!(
+        d.tier,
+        Tier::Extent,
+        "mid goes to the extent arena by default"
+    );
+    for blk in [a, b, c, d] {
+        assert_eq!(blk.ptr % ALIGN, 0);
+        assert_eq!(pool.lookup(blk.ptr), Some(blk));
+    }
+    assert_eq!(pool.allocated(), a.size + b.size + c.size + d.size);
+    for blk in [a, b, c, d] {
+        assert_eq!(pool.free(blk.ptr, 0).unwrap(), blk.size);
+    }
+    assert_eq!(pool.allocated(), 0);
+    pool.trim();
+    assert_eq!(pool.reserved_now(), 0, "nothing held after free + trim");
+    assert_eq!(dev.reserved().current, 0, "the device agrees");
+}
+
+#[test]
+fn mid_tier_stream_uses_the_driver_pool() {
+    let dev = sim(8 * GIB);
+    let cfg = Config::parse("mid_tier:stream").unwrap();
+    let pool = pool_on(&dev, cfg);
+    let s = dev.stream_create().unwrap();
+    let d = pool.alloc(5 * MIB, s, hint(Lifetime::Mid)).unwrap();
+    assert_eq!(d.tier, Tier::Stream);
+    assert!(pool.reserved_now() >= 5 * MIB);
+    pool.free(d.ptr, s).unwrap();
+    pool.trim();
+    assert_eq!(pool.reserved_now(), 0);
+}
+
+#[test]
+fn bad_sizes_and_frees_are_typed_errors() {
+    let dev = sim(8 * GIB);
+    let pool = pool_on(&dev, Config::default());
+    assert!(matches!(
+        pool.alloc(0, 0, Hint::NONE),
+        Err(GenpoolError::InvalidSize { size: 0, .. })
+    ));
+    assert!(matches!(
+        pool.alloc(u64::MAX, 0, Hint::NONE),
+        Err(GenpoolError::InvalidSize { .. })
+    ));
+    assert!(matches!(
+        pool.alloc(9 * GIB, 0, Hint::NONE),
+        Err(GenpoolError::InvalidSize { .. })
+    ));
+    assert!(matches!(
+        pool.free(0, 0),
+        Err(GenpoolError::InvalidFree {
+            fault: FreeFault::Null,
+            ..
+        })
+    ));
+    assert!(matches!(
+        pool.free(0xdead_be00, 0),
+        Err(GenpoolError::InvalidFree {
+            fault: FreeFault::Unknown,
+            ..
+        })
+    ));
+    let b = pool.alloc(4096, 0, Hint::NONE).unwrap();
+    // An interior pointer is not a block.
+    assert!(matches!(
+        pool.free(b.ptr + 512, 0),
+        Err(GenpoolError::InvalidFree { .. })
+    ));
+    pool.free(b.ptr, 0).unwrap();
+    assert!(matches!(
+        pool.free(b.ptr, 0),
+        Err(GenpoolError::InvalidFree {
+            fault: FreeFault::DoubleFree,
+            ..
+        })
+    ));
+    let s = pool.stats();
+    assert_eq!((s.num_allocs, s.num_frees, s.num_invalid_frees), (1, 1, 4));
+}
+
+#[test]
+fn exhaustion_releases_retries_reports_and_recovers() {
+    let dev = sim(256 * MIB);
+    let pool = pool_on(&dev, Config::default());
+    let mut held = Vec::new();
+    // Fill the device with short-lived 20 MiB blocks.
+    loop {
+        match pool.alloc(20 * MIB, 0, hint(Lifetime::Short)) {
+            Ok(b) => held.push(b),
+            Err(GenpoolError::OutOfMemory(r)) => {
+                assert_eq!(r.requested, 20 * MIB);
+                assert!(r.live >= 200 * MIB, "{r}");
+                assert!(
+                    r.tiers.iter().any(|t| t.tier == "extent" && t.live > 0),
+                    "{r}"
+                );
+                assert!(r.to_string().contains("extent"));
+                break;
+            }
+            Err(e) => panic!("unexpected {e}"),
+        }
+        assert!(
+            held.len() < 100,
+            "a 256 MiB device cannot hold 100 × 20 MiB"
+        );
+    }
+    let s = pool.stats();
+    assert_eq!(s.num_ooms, 1);
+    assert!(s.num_alloc_retries >= 1);
+    // Free half: cached blocks must be given back to serve a different size.
+    for b in held.drain(..held.len() / 2) {
+        pool.free(b.ptr, 0).unwrap();
+    }
+    let big = pool
+        .alloc(60 * MIB, 0, hint(Lifetime::Short))
+        .expect("memory freed is reusable");
+    pool.free(big.ptr, 0).unwrap();
+    for b in held.drain(..) {
+        pool.free(b.ptr, 0).unwrap();
+    }
+    pool.trim();
+    assert_eq!(pool.reserved_now(), 0);
+    assert_eq!(dev.reserved().current, 0, "no memory lost");
+}
+
+#[test]
+fn capped_limit_is_respected() {
+    let dev = sim(8 * GIB);
+    let pool = pool_on(&dev, Config::parse("limit:64M").unwrap());
+    let a = pool.alloc(40 * MIB, 0, hint(Lifetime::Short)).unwrap();
+    assert!(pool
+        .alloc(40 * MIB, 0, hint(Lifetime::Short))
+        .unwrap_err()
+        .is_oom());
+    pool.free(a.ptr, 0).unwrap();
+    let b = pool.alloc(40 * MIB, 0, hint(Lifetime::Short)).unwrap();
+    pool.free(b.ptr, 0).unwrap();
+    assert!(pool.reserved_peak() <= 64 * MIB);
+}
+
+#[test]
+fn a_block_freed_on_a_busy_stream_is_not_reused_elsewhere_until_it_is_done() {
+    let dev = sim(8 * GIB);
+    let pool = pool_on(&dev, Config::default());
+    let (s, t) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
+    for size in [4096, 30 * MIB] {
+        // Both streams seen, so the one-stream shortcut is off.
+        let warm = pool.alloc(size, t, hint(Lifetime::Short)).unwrap();
+        pool.free(warm.ptr, t).unwrap();
+        let a = pool.alloc(size, s, hint(Lifetime::Short)).unwrap();
+        dev.pause_stream(s).unwrap();
+        pool.free(a.ptr, s).unwrap();
+        // Same stream: reusable at once.
+        let again = pool.alloc(size, s, hint(Lifetime::Short)).unwrap();
+        assert_eq!(
+            again.ptr, a.ptr,
+            "stream order makes same-stream reuse safe"
+        );
+        pool.free(again.ptr, s).unwrap();
+        // Other stream: never while s is paused.
+        let mut got = Vec::new();
+        for _ in 0..4 {
+            let b = pool.alloc(size, t, hint(Lifetime::Short)).unwrap();
+            assert_ne!(
+                b.ptr, a.ptr,
+                "reused on another stream before the free's work completed"
+            );
+            got.push(b);
+        }
+        dev.resume_stream(s).unwrap();
+        for b in got {
+            pool.free(b.ptr, t).unwrap();
+        }
+    }
+}
+
+#[test]
+fn threads_allocate_and_free_across_each_other() {
+    let dev = sim(64 * GIB);
+    let pool = Arc::new(pool_on(&dev, Config::default()));
+    let (tx, rx) = std::sync::mpsc::channel::<genpool::Block>();
+    let rx = Arc::new(parking_lot::Mutex::new(rx));
+    let iters = if cfg!(miri) { 10 } else { 2000 };
+    let handles: Vec<_> = (0..4u64)
+        .map(|t| {
+            let pool = pool.clone();
+            let tx = tx.clone();
+            let rx = rx.clone();
+            std::thread::spawn(move || {
+                for i in 0..iters {
+                    let size = 512 * (1 + (i * 7 + t * 13) % 4096);
+                    let b = pool.alloc(size, 0, Hint::NONE).unwrap();
+                    tx.send(b).unwrap();
+                    // Free someone's block (often another thread's).
+                    if let Ok(other) = rx.lock().try_recv() {
+                        pool.free(other.ptr, 0).unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    drop(tx);
+    for h in handles {
+        h.join().unwrap();
+    }
+    for b in rx.lock().try_iter() {
+        pool.free(b.ptr, 0).unwrap();
+    }
+    assert_eq!(pool.allocated(), 0);
+    assert_eq!(pool.live_blocks(), 0);
+    pool.trim();
+    assert_eq!(pool.reserved_now(), 0);
+}
+
+#[test]
+fn blocks_never_share_a_byte_with_backed_memory() {
+    let dev = Arc::new(
+        SimDevice::config()
+            .capacity(2 * GIB)
+            .backed(true)
+            .build()
+            .unwrap(),
+    );
+    let pool = pool_on(&dev, Config::default());
+    let mut live: Vec<(genpool::Block, u8)> = Vec::new();
+    let mut x = 12345u64;
+    for i in 0..if cfg!(miri) { 20 } else { 600 } {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        if live.len() > 40 || (x % 3 == 0 && !live.is_empty()) {
+            let (b, pat) = live.swap_remove((x as usize / 3) % live.len());
+            let mut buf = vec![0u8; b.size as usize];
+            dev.read(b.ptr, &mut buf).unwrap();
+            assert!(
+                buf.iter().all(|&v| v == pat),
+                "block {:#x} was overwritten",
+                b.ptr
+            );
+            pool.free(b.ptr, 0).unwrap();
+        } else {
+            let size = match x % 4 {
+                0 => 512 * (1 + x % 64),
+                1 => 64 * 1024 * (1 + x % 16),
+                2 => MIB + x % (4 * MIB),
+                _ => 3 * MIB + 512,
+            };
+            let l = [Lifetime::Short, Lifetime::Mid, Lifetime::Long][(x % 3) as usize];
+            let b = pool.alloc(size, 0, hint(l)).unwrap();
+            let pat = (i % 251) as u8 + 1;
+            dev.write(b.ptr, &vec![pat; b.size as usize]).unwrap();
+            live.push((b, pat));
+        }
+    }
+}
+
+fn trace_dir() -> Option<PathBuf> {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces");
+    p.is_dir().then_some(p)
+}
+
+/// Every shared trace replays on the simulated H200 with the replay's checks (no overlap, alignment),
+/// stays within the fragmentation target, and returns every byte when freed.
+#[test]
+fn real_traces_replay_with_invariants() {
+    let Some(dir) = trace_dir() else {
+        eprintln!("SKIP real_traces_replay_with_invariants: ../shared/traces not found");
+        return;
+    };
+    let mut names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.to_string_lossy().ends_with(".csv.gz"))
+        .collect();
+    names.sort();
+    assert!(!names.is_empty());
+    for path in names {
+        let traces = gen_trace::load_path(&path).unwrap();
+        for trace in traces {
+            let dev = sim(141 * GIB);
+            let pool = pool_on(&dev, Config::default());
+            let mut eng = EngineReplay::new(pool, "genpool");
+            let opts = gen_trace::ReplayOptions {
+                passes: 2,
+                ignore_site: false,
+            };
+            let r = gen_trace::replay(&trace, &mut eng, &opts).unwrap();
+            let ratio = r.ratio.unwrap();
+            eprintln!("{}: ratio {ratio:.4} ({} ops)", r.trace, r.ops);
+            assert!(ratio >= 1.0, "reserved below live is impossible: {ratio}");
+            assert!(ratio < 1.10, "{}: ratio {ratio:.4}", r.trace);
+            let pool = eng.pool();
+            assert_eq!(pool.allocated(), 0);
+            assert_eq!(pool.live_blocks(), 0);
+            pool.trim();
+            assert_eq!(
+                pool.reserved_now(),
+                0,
+                "{}: memory held after freeing all",
+                r.trace
+            );
+            assert_eq!(dev.reserved().current, 0);
+        }
+    }
+}
