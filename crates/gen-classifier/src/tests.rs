@@ -1,0 +1,304 @@
+//! Unit tests of the classifier's behaviour through its public API.
+
+use super::*;
+
+fn feat(size: u64, site: u64) -> Features {
+    Features { size, stream: 0, device: 0, site: Some(site), hint: None }
+}
+
+/// A classifier with period detection off and no burst prior, so tests control every input.
+fn plain() -> Classifier {
+    Classifier::new(
+        ClassifierConfig::builder().detect_period(false).prior_burst_allocs(0).build().unwrap(),
+    )
+}
+
+/// Allocates `n` filler blocks of a distinct key and frees each at once (advances the clock by `n`).
+fn filler(c: &Classifier, n: u64) {
+    for _ in 0..n {
+        let s = c.on_alloc(&feat(512, 999));
+        c.on_free(&s, 512);
+    }
+}
+
+#[test]
+fn learns_short_and_mid_keys() {
+    let c = plain();
+    for _ in 0..10 {
+        let s = c.on_alloc(&feat(4096, 1));
+        let o = c.on_free(&s, 4096);
+        assert_eq!(o.actual, Lifetime::Short);
+        assert_eq!(o.lifetime_allocs, 0);
+    }
+    assert_eq!(c.on_alloc(&feat(4096, 1)).predicted(), Lifetime::Short);
+    for _ in 0..4 {
+        let s = c.on_alloc(&feat(1 << 20, 2));
+        filler(&c, 100);
+        let o = c.on_free(&s, 1 << 20);
+        assert_eq!(o.actual, Lifetime::Mid);
+        assert_eq!(o.lifetime_allocs, 100);
+        assert_eq!(o.lifetime_bytes, 100 * 512);
+    }
+    assert_eq!(c.on_alloc(&feat(1 << 20, 2)).predicted(), Lifetime::Mid);
+    // The other key is unaffected.
+    assert_eq!(c.on_alloc(&feat(4096, 1)).predicted(), Lifetime::Short);
+}
+
+#[test]
+fn overdue_short_is_noticed_before_free() {
+    let c = plain();
+    for _ in 0..10 {
+        let s = c.on_alloc(&feat(8192, 7));
+        c.on_free(&s, 8192);
+    }
+    // Three blocks predicted Short stay live for more than two epochs.
+    let held: Vec<Stamp> = (0..3).map(|_| c.on_alloc(&feat(8192, 7))).collect();
+    assert!(held.iter().all(|s| s.predicted() == Lifetime::Short));
+    filler(&c, 200);
+    assert_eq!(c.stats().overdue_short, 0, "nothing is swept until the key allocates again");
+    let next = c.on_alloc(&feat(8192, 7));
+    let st = c.stats();
+    assert_eq!(st.overdue_short, 3);
+    assert_eq!(st.misses_corrected, 1);
+    assert_eq!(next.predicted(), Lifetime::Mid, "the key was corrected before any of them was freed");
+    // Their frees are scored as misses but not learned twice.
+    for s in &held {
+        let o = c.on_free(s, 8192);
+        assert!(o.mispredicted);
+        assert_eq!(o.actual, Lifetime::Mid);
+    }
+    assert_eq!(c.confusion().counts[0][1], 3);
+}
+
+#[test]
+fn drift_flips_within_a_few_observations() {
+    let c = plain();
+    for _ in 0..30 {
+        let s = c.on_alloc(&feat(65536, 3));
+        c.on_free(&s, 65536);
+    }
+    let mut flips_after = None;
+    for i in 1..=10 {
+        let s = c.on_alloc(&feat(65536, 3));
+        filler(&c, 100);
+        c.on_free(&s, 65536);
+        if c.on_alloc(&feat(65536, 3)).predicted() == Lifetime::Mid {
+            flips_after = Some(i);
+            break;
+        }
+    }
+    let n = flips_after.expect("key never flipped");
+    assert!(n <= 3, "flipped after {n} observations");
+    assert!(c.stats().drift_events >= 1);
+}
+
+#[test]
+fn hint_overrides_and_is_scored() {
+    let c = plain();
+    for _ in 0..10 {
+        let s = c.on_alloc(&feat(4096, 1));
+        c.on_free(&s, 4096);
+    }
+    let s = c.on_alloc(&Features { hint: Some(Lifetime::Long), ..feat(4096, 1) });
+    assert_eq!(s.predicted(), Lifetime::Long);
+    let o = c.on_free(&s, 4096);
+    assert!(o.mispredicted);
+    assert_eq!(o.actual, Lifetime::Short);
+    assert_eq!(c.confusion().counts[Lifetime::Long.index()][Lifetime::Short.index()], 1);
+    assert_eq!(c.stats().hinted, 1);
+}
+
+#[test]
+fn priors_for_unseen_keys() {
+    let c = Classifier::new(ClassifierConfig::builder().detect_period(false).build().unwrap());
+    // Before the first free of a run (weights being created): Long.
+    assert_eq!(c.on_alloc(&feat(1 << 24, 10)).predicted(), Lifetime::Long);
+    let s = c.on_alloc(&feat(3072, 11));
+    assert_eq!(s.predicted(), Lifetime::Long);
+    c.on_free(&s, 3072);
+    // After frees, an unseen key with an unseen size bucket: Short.
+    assert_eq!(c.on_alloc(&feat(700, 12)).predicted(), Lifetime::Short);
+    // The coarse size bucket teaches unseen keys of the same size (it samples every 4th free).
+    for _ in 0..16 {
+        let s = c.on_alloc(&feat(96 << 10, 13));
+        filler(&c, 100);
+        c.on_free(&s, 96 << 10);
+    }
+    assert_eq!(c.on_alloc(&feat(96 << 10, 14)).predicted(), Lifetime::Mid);
+    // A burst of allocations without frees makes unseen keys Long again.
+    for i in 0..16 {
+        c.on_alloc(&feat(512, 100 + i));
+    }
+    assert_eq!(c.on_alloc(&feat(96 << 10, 15)).predicted(), Lifetime::Long);
+}
+
+#[test]
+fn detects_period_of_a_synthetic_training_loop() {
+    let c = Classifier::new(ClassifierConfig::default());
+    // One "step": 10 layers of 20 forward activations, then backward frees, with a unique prologue.
+    let mut live = Vec::new();
+    let mut per_step = 0;
+    for _step in 0..12 {
+        let mut n = 0;
+        for p in 0..5u64 {
+            let s = c.on_alloc(&feat(1000 + p * 512, 50 + p));
+            c.on_free(&s, 1000 + p * 512);
+            n += 1;
+        }
+        for _layer in 0..10 {
+            for a in 0..20u64 {
+                live.push((c.on_alloc(&feat(4096 << (a % 4), a)), 4096 << (a % 4)));
+                n += 1;
+            }
+        }
+        for (s, size) in live.drain(..).rev() {
+            c.on_free(&s, size);
+        }
+        per_step = n;
+    }
+    assert_eq!(c.iteration_period(), Some(per_step));
+    assert_eq!(c.stats().period_changes, 1);
+}
+
+#[test]
+fn marks_set_the_period() {
+    let c = plain();
+    assert_eq!(c.iteration_period(), None);
+    c.mark_iteration();
+    filler(&c, 300);
+    assert_eq!(c.iteration_period(), None);
+    c.mark_iteration();
+    assert_eq!(c.iteration_period(), Some(300));
+    filler(&c, 250);
+    c.mark_iteration();
+    assert_eq!(c.iteration_period(), Some(250));
+}
+
+#[test]
+fn finish_scores_old_blocks_long_and_censors_young() {
+    let c = plain();
+    let old = c.on_alloc(&feat(1 << 20, 1));
+    filler(&c, 100);
+    let young = c.on_alloc(&feat(1 << 20, 2));
+    c.finish([(old, 1 << 20), (young, 1 << 20)].into_iter());
+    let m = c.confusion();
+    assert_eq!(m.total_count(), 101);
+    assert_eq!(m.counts[old.predicted().index()][Lifetime::Long.index()], 1);
+    assert_eq!(c.stats().censored, 1);
+    assert_eq!(c.stats().frees, 100);
+}
+
+#[test]
+fn confusion_math() {
+    let mut m = Confusion::default();
+    m.counts = [[8, 1, 0], [1, 4, 0], [0, 0, 2]];
+    m.bytes = [[800, 100, 0], [300, 400, 0], [0, 0, 400]];
+    assert_eq!(m.total_count(), 16);
+    assert!((m.accuracy_count() - 14.0 / 16.0).abs() < 1e-12);
+    assert!((m.accuracy_bytes() - 1600.0 / 2000.0).abs() < 1e-12);
+    assert!((m.byte_share(Lifetime::Short) - 1100.0 / 2000.0).abs() < 1e-12);
+    assert!((m.count_share(Lifetime::Long) - 2.0 / 16.0).abs() < 1e-12);
+    assert!((m.recall(Lifetime::Mid) - 0.8).abs() < 1e-12);
+    assert!((m.precision(Lifetime::Mid) - 0.8).abs() < 1e-12);
+    assert_eq!(Confusion::default().accuracy_count(), 0.0);
+    assert!(m.to_string().contains("Short"));
+}
+
+#[test]
+fn config_validation() {
+    let h = |a| Horizon { allocs: a, bytes: u64::MAX };
+    assert!(ClassifierConfig::builder().build().is_ok());
+    assert_eq!(ClassifierConfig::builder().build().unwrap(), ClassifierConfig::default());
+    assert!(matches!(
+        ClassifierConfig::builder().short_horizon(h(100)).mid_horizon(h(100)).build(),
+        Err(ConfigError::Horizons { .. })
+    ));
+    assert!(matches!(ClassifierConfig::builder().short_horizon(h(0)).build(), Err(ConfigError::Horizons { .. })));
+    assert_eq!(ClassifierConfig::builder().decay(1.0).build(), Err(ConfigError::Decay(1.0)));
+    assert_eq!(ClassifierConfig::builder().capacity(1000).build(), Err(ConfigError::Capacity(1000)));
+    assert_eq!(ClassifierConfig::builder().max_probes(0).build(), Err(ConfigError::Probes(0)));
+    assert_eq!(ClassifierConfig::builder().size_sub_bits(4).build(), Err(ConfigError::SizeSubBits(4)));
+    assert_eq!(ClassifierConfig::builder().phase_buckets(0).build(), Err(ConfigError::PhaseBuckets(0)));
+    assert!(matches!(ClassifierConfig::builder().period_min(2).build(), Err(ConfigError::Period { .. })));
+}
+
+#[test]
+fn byte_clock_horizon() {
+    let c = Classifier::new(
+        ClassifierConfig::builder()
+            .short_horizon(Horizon { allocs: 64, bytes: 1 << 20 })
+            .detect_period(false)
+            .build()
+            .unwrap(),
+    );
+    let s = c.on_alloc(&feat(512, 1));
+    c.on_alloc(&feat(2 << 20, 2));
+    let o = c.on_free(&s, 512);
+    assert_eq!(o.lifetime_allocs, 1);
+    assert_eq!(o.lifetime_bytes, 2 << 20);
+    assert_eq!(o.actual, Lifetime::Mid, "short on the alloc clock, not on the byte clock");
+}
+
+#[test]
+fn full_table_falls_back_to_prior() {
+    let c = Classifier::new(
+        ClassifierConfig::builder().capacity(64).max_probes(1).detect_period(false).build().unwrap(),
+    );
+    for i in 0..1000 {
+        let s = c.on_alloc(&feat(512, i));
+        c.on_free(&s, 512);
+    }
+    let st = c.stats();
+    assert!(st.keys <= 64);
+    assert!(st.unkeyed > 0);
+    assert_eq!(st.frees, 1000);
+}
+
+#[test]
+fn foreign_stamp_does_not_panic() {
+    let big = plain();
+    let small = Classifier::new(ClassifierConfig::builder().capacity(64).build().unwrap());
+    filler(&big, 1000);
+    let mut stamps = Vec::new();
+    for i in 0..200 {
+        stamps.push(big.on_alloc(&feat(512, i)));
+    }
+    for s in &stamps {
+        small.on_free(s, 512);
+    }
+    assert_eq!(small.stats().frees, 200);
+}
+
+#[test]
+fn shared_between_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Classifier>();
+    let c = Classifier::new(ClassifierConfig::default());
+    let per = if cfg!(miri) { 50 } else { 20_000 };
+    std::thread::scope(|sc| {
+        for t in 0..4u64 {
+            let c = &c;
+            sc.spawn(move || {
+                let mut held = Vec::with_capacity(8);
+                for i in 0..per {
+                    held.push(c.on_alloc(&Features {
+                        size: 512 << (i % 6),
+                        stream: t,
+                        device: 0,
+                        site: None,
+                        hint: None,
+                    }));
+                    if held.len() == 8 {
+                        for (j, s) in held.drain(..).enumerate() {
+                            c.on_free(&s, 512 << ((i + 1 - 8 + j as u64) % 6));
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let st = c.stats();
+    assert_eq!(st.allocs, 4 * per);
+    assert_eq!(st.frees, 4 * per);
+    assert_eq!(c.confusion().total_count(), 4 * per);
+}
