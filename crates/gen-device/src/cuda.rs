@@ -1,6 +1,6 @@
 //! [`CudaDevice`]: the [`Device`] trait on the CUDA driver API, through cudarc 0.19 with dynamic loading.
 //!
-//! Layers, as in cudarc: `cudarc::driver::sys` (generated FFI) → [`raw`] (this crate's only module that
+//! Layers, as in cudarc: `cudarc::driver::sys` (generated FFI) → `raw` (this crate's only module that
 //! calls the driver: one wrapper per call, errors named after the call, loader panics caught) →
 //! [`CudaDevice`] (bookkeeping and handle validation).
 //!

@@ -1,9 +1,9 @@
 //! The device seam: everything genpool's tiers need from a GPU, behind one trait.
 //!
 //! Two implementations:
-//! - [`CudaDevice`](cuda::CudaDevice): the CUDA driver API through cudarc (dynamic loading, so the crate
+//! - [`CudaDevice`]: the CUDA driver API through cudarc (dynamic loading, so the crate
 //!   builds and links on machines with no CUDA; constructing it there is a clear [`DeviceError::NoDriver`]).
-//! - [`SimDevice`](sim::SimDevice): a deterministic host-simulated GPU used by tests, CI and the default
+//! - [`SimDevice`]: a deterministic host-simulated GPU used by tests, CI and the default
 //!   main job.
 //!
 //! Addresses are plain `u64` device addresses ([`DevicePtr`]); streams are the raw `CUstream` handle as an

@@ -1,0 +1,86 @@
+//! Cost of the device calls the tiers make on their slow paths, through the `Device` trait.
+//!
+//! `cargo run --release -p gen-device --example device_costs -- [sim|cuda|auto] [iterations]`
+//! prints one line per operation: nanoseconds per call pair (median of 5 runs).
+
+use std::time::Instant;
+
+use gen_device::{open, DeviceKind, Result};
+
+fn median_ns(runs: usize, iters: u64, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    let mut v = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let t = Instant::now();
+        for _ in 0..iters {
+            f()?;
+        }
+        v.push(t.elapsed().as_nanos() as f64 / iters as f64);
+    }
+    v.sort_by(f64::total_cmp);
+    Ok(v[v.len() / 2])
+}
+
+fn main() -> Result<()> {
+    let mut args = std::env::args().skip(1);
+    let kind: DeviceKind = args
+        .next()
+        .as_deref()
+        .unwrap_or("auto")
+        .parse()
+        .unwrap_or_else(|e| {
+            eprintln!("{e}");
+            std::process::exit(2)
+        });
+    let iters: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(2000);
+    let d = open(kind, 0)?;
+    let g = d.props().vmm_granularity;
+    println!(
+        "device: {} ({} GiB, granularity {} KiB)",
+        d.props().name,
+        d.props().total_mem >> 30,
+        g >> 10
+    );
+
+    let s = d.stream_create()?;
+    let pool = d.pool_create(u64::MAX)?;
+    for &bytes in &[256u64, 1 << 20, 64 << 20] {
+        let ns = median_ns(5, iters, || {
+            let p = d.pool_alloc_async(pool, bytes, s)?;
+            d.pool_free_async(p, s)
+        })?;
+        println!("pool_alloc_async + pool_free_async ({bytes} B): {ns:.0} ns");
+    }
+    let e = d.event_create()?;
+    let ns = median_ns(5, iters, || {
+        d.event_record(e, s)?;
+        d.event_query(e).map(|_| ())
+    })?;
+    println!("event_record + event_query: {ns:.0} ns");
+    let va = d.va_reserve(g, 0)?;
+    let ns = median_ns(5, iters / 10 + 1, || {
+        let h = d.phys_create(g)?;
+        d.map(va, g, h)?;
+        d.unmap(va, g)?;
+        d.phys_release(h)
+    })?;
+    println!("phys_create + map + unmap + phys_release (granule): {ns:.0} ns");
+    let h = d.phys_create(g)?;
+    let ns = median_ns(5, iters / 10 + 1, || {
+        d.map(va, g, h)?;
+        d.unmap(va, g)
+    })?;
+    println!("map + unmap of a cached handle (granule): {ns:.0} ns");
+    let mut sink = 0u64;
+    let ns = median_ns(5, iters, || {
+        sink = sink.wrapping_add(d.reserved().current);
+        Ok(())
+    })?;
+    println!("reserved(): {ns:.0} ns (checksum {sink})");
+    d.phys_release(h)?;
+    d.va_release(va, g)?;
+    d.synchronize()?;
+    d.event_destroy(e)?;
+    d.pool_destroy(pool)?;
+    d.stream_destroy(s)?;
+    Ok(())
+}
