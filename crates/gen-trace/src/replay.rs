@@ -63,7 +63,7 @@ pub trait ReplayAllocator {
         "host".to_owned()
     }
     /// Hands out a block of at least `size` bytes, used on `stream`; `site` is the call-site hash when
-    /// the caller knows it. Returns its address, aligned to at least [`MIN_ALIGN`].
+    /// the caller knows it (`None` under `--ignore-site` and for events whose site is 0, "unknown"). Returns its address, aligned to at least [`MIN_ALIGN`].
     fn alloc(&mut self, size: u64, stream: u64, site: Option<u64>) -> Result<u64, ReplayError>;
     /// Takes back the block at `ptr` (`size` and `stream` as passed to / used with its `alloc`).
     fn free(&mut self, ptr: u64, size: u64, stream: u64) -> Result<(), ReplayError>;
@@ -368,7 +368,7 @@ fn instrumented_pass(
                 .free(p, op.size, op.stream)
                 .map_err(|e| op_err(PASS, i, e))?;
         } else {
-            let site = (!ignore_site).then_some(op.site);
+            let site = (!ignore_site && op.site != 0).then_some(op.site);
             let p = alloc
                 .alloc(op.size, op.stream, site)
                 .map_err(|e| op_err(PASS, i, e))?;
@@ -440,7 +440,7 @@ fn timed_pass(
                 .free(*slot, op.size, op.stream)
                 .map_err(|e| op_err(pass, i, e))?;
         } else {
-            let site = if ignore_site { None } else { Some(op.site) };
+            let site = (!ignore_site && op.site != 0).then_some(op.site);
             *slot = alloc
                 .alloc(op.size, op.stream, site)
                 .map_err(|e| op_err(pass, i, e))?;
