@@ -120,6 +120,15 @@ fn replay_protocol_and_figures() {
     assert_eq!((r.ns_per_op, r.ns_per_op_passes.len()), (None, 0));
     assert!(r.ignore_site);
 
+    // Site 0 means "unknown": the allocator gets None even when sites are not ignored.
+    let mut unknown = t.clone();
+    for e in &mut unknown.events {
+        e.site = 0;
+    }
+    let mut s = spy(Buddy::default());
+    replay(&unknown, &mut s, &ReplayOptions::default()).unwrap();
+    assert!(s.sites.iter().all(|&x| x.is_none()));
+
     assert_eq!(
         replay(
             &t,
