@@ -9,9 +9,10 @@
 //!   on every stream.
 //!
 //! `take(size, T)` looks, in order, at: T's ready list, the safe list, pending batches from T, completed
-//! pending batches (one `event_query` each), and finally migrates one other stream's ready list into a
-//! new pending batch (one `event_record` + one `event_query`). Only the first three are on the hot path
-//! and make no driver call.
+//! pending batches (one `event_query` each), and finally migrates other streams' ready lists, one stream
+//! at a time, into new pending batches (one `event_record` + one `event_query` each) until one turns
+//! out complete already; a stream with a batch of that size in flight is skipped. Only the first three
+//! are on the hot path and make no driver call.
 //!
 //! # The one-stream shortcut
 //! While a single stream has ever been seen no migration can happen, so no event is ever recorded. When
