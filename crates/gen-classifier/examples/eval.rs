@@ -11,8 +11,11 @@ use std::time::Instant;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let names: Vec<String> =
-        if args.is_empty() { common::TRACES.iter().map(|s| s.to_string()).collect() } else { args };
+    let names: Vec<String> = if args.is_empty() {
+        common::TRACES.iter().map(|s| s.to_string()).collect()
+    } else {
+        args
+    };
     for name in &names {
         let events = match common::load(name) {
             None => {
@@ -61,15 +64,25 @@ fn main() {
 /// Config overrides for tuning: `GC="phase=8,sub=3,decay=0.75,short=64,mid=65536,burst=16,votes=16,minsize=0"`.
 fn cfg_from_env() -> ClassifierConfig {
     let mut b = ClassifierConfig::builder();
-    for kv in std::env::var("GC").unwrap_or_default().split(',').filter(|s| !s.is_empty()) {
+    for kv in std::env::var("GC")
+        .unwrap_or_default()
+        .split(',')
+        .filter(|s| !s.is_empty())
+    {
         let (k, v) = kv.split_once('=').expect("key=value");
         let n: f64 = v.parse().expect("number");
         b = match k {
             "phase" => b.phase_buckets(n as u32),
             "sub" => b.size_sub_bits(n as u32),
             "decay" => b.decay(n as f32),
-            "short" => b.short_horizon(gen_classifier::Horizon { allocs: n as u64, bytes: u64::MAX }),
-            "mid" => b.mid_horizon(gen_classifier::Horizon { allocs: n as u64, bytes: u64::MAX }),
+            "short" => b.short_horizon(gen_classifier::Horizon {
+                allocs: n as u64,
+                bytes: u64::MAX,
+            }),
+            "mid" => b.mid_horizon(gen_classifier::Horizon {
+                allocs: n as u64,
+                bytes: u64::MAX,
+            }),
             "burst" => b.prior_burst_allocs(n as u64),
             "votes" => b.period_votes(n as u32),
             "minsize" => b.prior_long_min_size(n as u64),
@@ -83,13 +96,28 @@ fn cfg_from_env() -> ClassifierConfig {
 /// 10^6 on_alloc + on_free pairs over a warm, realistic key mix (one thread).
 fn bench() {
     let c = Classifier::new(ClassifierConfig::default());
-    let sizes = [512u64, 4096, 3 << 20, 12 << 20, 1 << 10, 96 << 10, 48 << 20, 2048];
+    let sizes = [
+        512u64,
+        4096,
+        3 << 20,
+        12 << 20,
+        1 << 10,
+        96 << 10,
+        48 << 20,
+        2048,
+    ];
     let n = 1_000_000u64;
     let mut ring = [None; 16];
     let run = |c: &Classifier, ring: &mut [Option<(gen_classifier::Stamp, u64)>; 16], n: u64| {
         for i in 0..n {
             let size = sizes[(i % 8) as usize];
-            let f = Features { size, stream: 0, device: 0, site: Some(i % 5), hint: None };
+            let f = Features {
+                size,
+                stream: 0,
+                device: 0,
+                site: Some(i % 5),
+                hint: None,
+            };
             let s = c.on_alloc(&f);
             let slot = &mut ring[(i % 16) as usize];
             if let Some((old, sz)) = slot.replace((s, size)) {

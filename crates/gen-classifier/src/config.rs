@@ -96,8 +96,14 @@ pub struct ClassifierConfig {
 impl Default for ClassifierConfig {
     fn default() -> Self {
         Self {
-            short: Horizon { allocs: 64, bytes: u64::MAX },
-            mid: Horizon { allocs: 1 << 16, bytes: u64::MAX },
+            short: Horizon {
+                allocs: 64,
+                bytes: u64::MAX,
+            },
+            mid: Horizon {
+                allocs: 1 << 16,
+                bytes: u64::MAX,
+            },
             decay: 0.75,
             capacity: 8192,
             max_probes: 16,
@@ -117,7 +123,9 @@ impl Default for ClassifierConfig {
 impl ClassifierConfig {
     /// A builder starting from the defaults.
     pub fn builder() -> ClassifierConfigBuilder {
-        ClassifierConfigBuilder { cfg: Self::default() }
+        ClassifierConfigBuilder {
+            cfg: Self::default(),
+        }
     }
     /// The short horizon (default 64 allocations, byte clock off).
     pub fn short_horizon(&self) -> Horizon {
@@ -230,7 +238,10 @@ impl ClassifierConfigBuilder {
             || c.short.allocs >= c.mid.allocs
             || c.short.bytes > c.mid.bytes
         {
-            return Err(ConfigError::Horizons { short: c.short, mid: c.mid });
+            return Err(ConfigError::Horizons {
+                short: c.short,
+                mid: c.mid,
+            });
         }
         if !(0.25..=0.9375).contains(&c.decay) {
             return Err(ConfigError::Decay(c.decay));
@@ -248,7 +259,10 @@ impl ClassifierConfigBuilder {
             return Err(ConfigError::PhaseBuckets(c.phase_buckets));
         }
         if c.period_min < 8 || c.period_votes == 0 {
-            return Err(ConfigError::Period { min: c.period_min, votes: c.period_votes });
+            return Err(ConfigError::Period {
+                min: c.period_min,
+                votes: c.period_votes,
+            });
         }
         Ok(c)
     }

@@ -62,7 +62,10 @@ impl Confusion {
 
 impl fmt::Display for Confusion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "predicted \\ actual      Short            Mid           Long   (count | GiB)")?;
+        writeln!(
+            f,
+            "predicted \\ actual      Short            Mid           Long   (count | GiB)"
+        )?;
         for p in Lifetime::ALL {
             write!(f, "{:>18}", format!("{p:?}"))?;
             for a in Lifetime::ALL {

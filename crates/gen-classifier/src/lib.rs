@@ -328,7 +328,10 @@ impl Classifier {
                 return Some(i);
             }
             if k == 0 {
-                match s.key.compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire) {
+                match s
+                    .key
+                    .compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire)
+                {
                     Ok(_) => {
                         self.stats.keys.fetch_add(1, Ordering::Relaxed);
                         return Some(i);
@@ -346,7 +349,11 @@ impl Classifier {
         if taken == 0 {
             return;
         }
-        let ctr = if to == Lifetime::Mid { &self.stats.overdue_short } else { &self.stats.overdue_mid };
+        let ctr = if to == Lifetime::Mid {
+            &self.stats.overdue_short
+        } else {
+            &self.stats.overdue_mid
+        };
         ctr.fetch_add(taken, Ordering::Relaxed);
         self.stats.misses_corrected.fetch_add(1, Ordering::Relaxed);
         self.learn_key(slot, to, taken.min(3) as u32);
@@ -362,9 +369,16 @@ impl Classifier {
     /// Predicts the lifetime of a new allocation and advances both clocks. Never allocates.
     pub fn on_alloc(&self, f: &Features) -> Stamp {
         let clock = self.alloc_clock.fetch_add(1, Ordering::Relaxed);
-        let bytes = self.byte_clock.fetch_add(f.size, Ordering::Relaxed).wrapping_add(f.size);
+        let bytes = self
+            .byte_clock
+            .fetch_add(f.size, Ordering::Relaxed)
+            .wrapping_add(f.size);
         let sc = size_class(f.size, self.cfg.size_sub_bits);
-        let site = if self.cfg.use_site { f.site.map_or(0, |s| mix(s ^ 0x5173)) } else { 0 };
+        let site = if self.cfg.use_site {
+            f.site.map_or(0, |s| mix(s ^ 0x5173))
+        } else {
+            0
+        };
         let base = mix(mix((sc as u64) | ((f.device as u64) << 32)) ^ f.stream) ^ site;
         if self.cfg.detect_period && !self.marked.load(Ordering::Relaxed) {
             if let Some(p) = self.detector.feed(clock, base) {
@@ -403,7 +417,8 @@ impl Classifier {
                 let cs = KeyState::unpack(self.coarse[sc as usize].load(Ordering::Relaxed));
                 let last_free = self.last_free.load(Ordering::Relaxed);
                 let burst = self.cfg.prior_burst_allocs != 0
-                    && (last_free == u64::MAX || clock.saturating_sub(last_free) >= self.cfg.prior_burst_allocs);
+                    && (last_free == u64::MAX
+                        || clock.saturating_sub(last_free) >= self.cfg.prior_burst_allocs);
                 if burst && f.size >= self.cfg.prior_long_min_size {
                     Lifetime::Long
                 } else if cs.n > 0 {
@@ -447,7 +462,10 @@ impl Classifier {
         let now = self.alloc_clock.load(Ordering::Relaxed);
         self.last_free.store(now, Ordering::Relaxed);
         let la = now.saturating_sub(s.alloc_clock);
-        let lb = self.byte_clock.load(Ordering::Relaxed).wrapping_sub(s.byte_clock);
+        let lb = self
+            .byte_clock
+            .load(Ordering::Relaxed)
+            .wrapping_sub(s.byte_clock);
         let lb = if lb > 1 << 62 { 0 } else { lb };
         let actual = self.classify(la, lb);
         let mut learn = true;
@@ -527,7 +545,11 @@ impl Classifier {
         let s = &self.stats;
         ClassifierStats {
             allocs: l(&self.alloc_clock),
-            frees: self.confusion.snapshot().total_count().saturating_sub(l(&s.finished)),
+            frees: self
+                .confusion
+                .snapshot()
+                .total_count()
+                .saturating_sub(l(&s.finished)),
             keys: l(&s.keys),
             unkeyed: l(&s.unkeyed),
             overdue_short: l(&s.overdue_short),

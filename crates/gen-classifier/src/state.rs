@@ -26,7 +26,11 @@ pub(crate) struct KeyState {
 impl KeyState {
     pub(crate) fn unpack(v: u64) -> Self {
         Self {
-            w: [(v & W_MASK) as u32, ((v >> 16) & W_MASK) as u32, ((v >> 32) & W_MASK) as u32],
+            w: [
+                (v & W_MASK) as u32,
+                ((v >> 16) & W_MASK) as u32,
+                ((v >> 32) & W_MASK) as u32,
+            ],
             n: ((v >> N_SHIFT) & 0xFF) as u32,
             class: Lifetime::from_index(((v >> C_SHIFT) & 0x3) as usize),
         }
@@ -204,7 +208,11 @@ mod tests {
 
     #[test]
     fn pack_roundtrip() {
-        let s = KeyState { w: [1, 0xFFFF, 77], n: 200, class: Lifetime::Mid };
+        let s = KeyState {
+            w: [1, 0xFFFF, 77],
+            n: 200,
+            class: Lifetime::Mid,
+        };
         assert_eq!(KeyState::unpack(s.pack()), s);
     }
 

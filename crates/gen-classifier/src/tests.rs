@@ -3,13 +3,23 @@
 use super::*;
 
 fn feat(size: u64, site: u64) -> Features {
-    Features { size, stream: 0, device: 0, site: Some(site), hint: None }
+    Features {
+        size,
+        stream: 0,
+        device: 0,
+        site: Some(site),
+        hint: None,
+    }
 }
 
 /// A classifier with period detection off and no burst prior, so tests control every input.
 fn plain() -> Classifier {
     Classifier::new(
-        ClassifierConfig::builder().detect_period(false).prior_burst_allocs(0).build().unwrap(),
+        ClassifierConfig::builder()
+            .detect_period(false)
+            .prior_burst_allocs(0)
+            .build()
+            .unwrap(),
     )
 }
 
@@ -55,12 +65,20 @@ fn overdue_short_is_noticed_before_free() {
     let held: Vec<Stamp> = (0..3).map(|_| c.on_alloc(&feat(8192, 7))).collect();
     assert!(held.iter().all(|s| s.predicted() == Lifetime::Short));
     filler(&c, 200);
-    assert_eq!(c.stats().overdue_short, 0, "nothing is swept until the key allocates again");
+    assert_eq!(
+        c.stats().overdue_short,
+        0,
+        "nothing is swept until the key allocates again"
+    );
     let next = c.on_alloc(&feat(8192, 7));
     let st = c.stats();
     assert_eq!(st.overdue_short, 3);
     assert_eq!(st.misses_corrected, 1);
-    assert_eq!(next.predicted(), Lifetime::Mid, "the key was corrected before any of them was freed");
+    assert_eq!(
+        next.predicted(),
+        Lifetime::Mid,
+        "the key was corrected before any of them was freed"
+    );
     // Their frees are scored as misses but not learned twice.
     for s in &held {
         let o = c.on_free(s, 8192);
@@ -99,18 +117,29 @@ fn hint_overrides_and_is_scored() {
         let s = c.on_alloc(&feat(4096, 1));
         c.on_free(&s, 4096);
     }
-    let s = c.on_alloc(&Features { hint: Some(Lifetime::Long), ..feat(4096, 1) });
+    let s = c.on_alloc(&Features {
+        hint: Some(Lifetime::Long),
+        ..feat(4096, 1)
+    });
     assert_eq!(s.predicted(), Lifetime::Long);
     let o = c.on_free(&s, 4096);
     assert!(o.mispredicted);
     assert_eq!(o.actual, Lifetime::Short);
-    assert_eq!(c.confusion().counts[Lifetime::Long.index()][Lifetime::Short.index()], 1);
+    assert_eq!(
+        c.confusion().counts[Lifetime::Long.index()][Lifetime::Short.index()],
+        1
+    );
     assert_eq!(c.stats().hinted, 1);
 }
 
 #[test]
 fn priors_for_unseen_keys() {
-    let c = Classifier::new(ClassifierConfig::builder().detect_period(false).build().unwrap());
+    let c = Classifier::new(
+        ClassifierConfig::builder()
+            .detect_period(false)
+            .build()
+            .unwrap(),
+    );
     // Before the first free of a run (weights being created): Long.
     assert_eq!(c.on_alloc(&feat(1 << 24, 10)).predicted(), Lifetime::Long);
     let s = c.on_alloc(&feat(3072, 11));
@@ -190,9 +219,10 @@ fn finish_scores_old_blocks_long_and_censors_young() {
 
 #[test]
 fn confusion_math() {
-    let mut m = Confusion::default();
-    m.counts = [[8, 1, 0], [1, 4, 0], [0, 0, 2]];
-    m.bytes = [[800, 100, 0], [300, 400, 0], [0, 0, 400]];
+    let m = Confusion {
+        counts: [[8, 1, 0], [1, 4, 0], [0, 0, 2]],
+        bytes: [[800, 100, 0], [300, 400, 0], [0, 0, 400]],
+    };
     assert_eq!(m.total_count(), 16);
     assert!((m.accuracy_count() - 14.0 / 16.0).abs() < 1e-12);
     assert!((m.accuracy_bytes() - 1600.0 / 2000.0).abs() < 1e-12);
@@ -206,27 +236,60 @@ fn confusion_math() {
 
 #[test]
 fn config_validation() {
-    let h = |a| Horizon { allocs: a, bytes: u64::MAX };
+    let h = |a| Horizon {
+        allocs: a,
+        bytes: u64::MAX,
+    };
     assert!(ClassifierConfig::builder().build().is_ok());
-    assert_eq!(ClassifierConfig::builder().build().unwrap(), ClassifierConfig::default());
+    assert_eq!(
+        ClassifierConfig::builder().build().unwrap(),
+        ClassifierConfig::default()
+    );
     assert!(matches!(
-        ClassifierConfig::builder().short_horizon(h(100)).mid_horizon(h(100)).build(),
+        ClassifierConfig::builder()
+            .short_horizon(h(100))
+            .mid_horizon(h(100))
+            .build(),
         Err(ConfigError::Horizons { .. })
     ));
-    assert!(matches!(ClassifierConfig::builder().short_horizon(h(0)).build(), Err(ConfigError::Horizons { .. })));
-    assert_eq!(ClassifierConfig::builder().decay(1.0).build(), Err(ConfigError::Decay(1.0)));
-    assert_eq!(ClassifierConfig::builder().capacity(1000).build(), Err(ConfigError::Capacity(1000)));
-    assert_eq!(ClassifierConfig::builder().max_probes(0).build(), Err(ConfigError::Probes(0)));
-    assert_eq!(ClassifierConfig::builder().size_sub_bits(4).build(), Err(ConfigError::SizeSubBits(4)));
-    assert_eq!(ClassifierConfig::builder().phase_buckets(0).build(), Err(ConfigError::PhaseBuckets(0)));
-    assert!(matches!(ClassifierConfig::builder().period_min(2).build(), Err(ConfigError::Period { .. })));
+    assert!(matches!(
+        ClassifierConfig::builder().short_horizon(h(0)).build(),
+        Err(ConfigError::Horizons { .. })
+    ));
+    assert_eq!(
+        ClassifierConfig::builder().decay(1.0).build(),
+        Err(ConfigError::Decay(1.0))
+    );
+    assert_eq!(
+        ClassifierConfig::builder().capacity(1000).build(),
+        Err(ConfigError::Capacity(1000))
+    );
+    assert_eq!(
+        ClassifierConfig::builder().max_probes(0).build(),
+        Err(ConfigError::Probes(0))
+    );
+    assert_eq!(
+        ClassifierConfig::builder().size_sub_bits(4).build(),
+        Err(ConfigError::SizeSubBits(4))
+    );
+    assert_eq!(
+        ClassifierConfig::builder().phase_buckets(0).build(),
+        Err(ConfigError::PhaseBuckets(0))
+    );
+    assert!(matches!(
+        ClassifierConfig::builder().period_min(2).build(),
+        Err(ConfigError::Period { .. })
+    ));
 }
 
 #[test]
 fn byte_clock_horizon() {
     let c = Classifier::new(
         ClassifierConfig::builder()
-            .short_horizon(Horizon { allocs: 64, bytes: 1 << 20 })
+            .short_horizon(Horizon {
+                allocs: 64,
+                bytes: 1 << 20,
+            })
             .detect_period(false)
             .build()
             .unwrap(),
@@ -236,13 +299,22 @@ fn byte_clock_horizon() {
     let o = c.on_free(&s, 512);
     assert_eq!(o.lifetime_allocs, 1);
     assert_eq!(o.lifetime_bytes, 2 << 20);
-    assert_eq!(o.actual, Lifetime::Mid, "short on the alloc clock, not on the byte clock");
+    assert_eq!(
+        o.actual,
+        Lifetime::Mid,
+        "short on the alloc clock, not on the byte clock"
+    );
 }
 
 #[test]
 fn full_table_falls_back_to_prior() {
     let c = Classifier::new(
-        ClassifierConfig::builder().capacity(64).max_probes(1).detect_period(false).build().unwrap(),
+        ClassifierConfig::builder()
+            .capacity(64)
+            .max_probes(1)
+            .detect_period(false)
+            .build()
+            .unwrap(),
     );
     for i in 0..1000 {
         let s = c.on_alloc(&feat(512, i));

@@ -27,8 +27,16 @@ fn check(name: &str, floors: [(f64, f64); 2]) {
             m.accuracy_bytes(),
             c.iteration_period()
         );
-        assert!(m.accuracy_count() >= fc, "{name} site={use_site}: count accuracy {}", m.accuracy_count());
-        assert!(m.accuracy_bytes() >= fb, "{name} site={use_site}: byte accuracy {}", m.accuracy_bytes());
+        assert!(
+            m.accuracy_count() >= fc,
+            "{name} site={use_site}: count accuracy {}",
+            m.accuracy_count()
+        );
+        assert!(
+            m.accuracy_bytes() >= fb,
+            "{name} site={use_site}: byte accuracy {}",
+            m.accuracy_bytes()
+        );
         // Every allocation is scored once: freed, or live at the end and old enough.
         assert_eq!(m.total_count() + st.censored, st.allocs);
         // The trace's own facts: short-lived blocks carry most bytes, few blocks are never freed.

@@ -12,7 +12,12 @@ use std::path::PathBuf;
 #[derive(Clone, Copy, Debug)]
 pub enum Event {
     /// `a` line.
-    Alloc { addr: u64, size: u64, stream: u64, site: u64 },
+    Alloc {
+        addr: u64,
+        size: u64,
+        stream: u64,
+        site: u64,
+    },
     /// `f` line.
     Free { addr: u64 },
 }
@@ -46,9 +51,17 @@ pub fn load(name: &str) -> Option<Result<Vec<Event>, String>> {
         };
         let ev = match f.get(1).copied() {
             Some("a") => match (num(2), num(3), num(4), num(5)) {
-                (Ok(addr), Ok(size), Ok(stream), Ok(site)) => Event::Alloc { addr, size, stream, site },
+                (Ok(addr), Ok(size), Ok(stream), Ok(site)) => Event::Alloc {
+                    addr,
+                    size,
+                    stream,
+                    site,
+                },
                 (a, b, c, d) => {
-                    let e = [a, b, c, d].into_iter().find_map(Result::err).unwrap_or_default();
+                    let e = [a, b, c, d]
+                        .into_iter()
+                        .find_map(Result::err)
+                        .unwrap_or_default();
                     return Some(Err(e));
                 }
             },
@@ -69,7 +82,12 @@ pub fn replay(events: &[Event], cfg: ClassifierConfig, use_site: bool) -> Classi
     let mut live: HashMap<u64, (Stamp, u64)> = HashMap::with_capacity(1 << 16);
     for ev in events {
         match *ev {
-            Event::Alloc { addr, size, stream, site } => {
+            Event::Alloc {
+                addr,
+                size,
+                stream,
+                site,
+            } => {
                 let f = Features {
                     size,
                     stream,

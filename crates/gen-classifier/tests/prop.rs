@@ -1,0 +1,121 @@
+//! Property test of the stamp / outcome bookkeeping against a reference model.
+//!
+//! Invariants, after any sequence of allocations, frees (in any order), iteration marks and a final
+//! `finish`, under small horizons and tiny tables (so overdue sweeps, bucket eviction and table-full
+//! fall-backs all happen):
+//! - nothing panics;
+//! - every `Outcome` reports the lifetime the model measured on both clocks, `actual` is
+//!   `classify(lifetime)` and `mispredicted == (actual != predicted)`;
+//! - the confusion matrix equals the model's tally of (predicted, actual), in counts and in bytes;
+//! - `stats().allocs`, `stats().frees` and `censored` add up: every allocation is scored at most once.
+
+use gen_classifier::{Classifier, ClassifierConfig, Features, Horizon, Lifetime, Stamp};
+use proptest::prelude::*;
+
+#[derive(Clone, Debug)]
+enum Action {
+    Alloc {
+        size: u64,
+        stream: u64,
+        site: Option<u64>,
+        hint: Option<Lifetime>,
+    },
+    Free {
+        pick: usize,
+    },
+    Mark,
+}
+
+fn lifetime() -> impl Strategy<Value = Lifetime> {
+    prop_oneof![
+        Just(Lifetime::Short),
+        Just(Lifetime::Mid),
+        Just(Lifetime::Long)
+    ]
+}
+
+fn action() -> impl Strategy<Value = Action> {
+    prop_oneof![
+        6 => (0u64..(1 << 22), 0u64..3, proptest::option::of(0u64..6), proptest::option::weighted(0.1, lifetime()))
+            .prop_map(|(size, stream, site, hint)| Action::Alloc { size, stream, site, hint }),
+        5 => any::<usize>().prop_map(|pick| Action::Free { pick }),
+        1 => Just(Action::Mark),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: if cfg!(miri) { 4 } else { 256 }, ..ProptestConfig::default() })]
+
+    #[test]
+    fn bookkeeping_adds_up(
+        actions in proptest::collection::vec(action(), 0..400),
+        short in 1u64..8,
+        mid_extra in 1u64..40,
+        probes in 1u32..4,
+        byte_short in proptest::option::of(1u64..(1 << 24)),
+        detect in any::<bool>(),
+    ) {
+        let cfg = ClassifierConfig::builder()
+            .short_horizon(Horizon { allocs: short, bytes: byte_short.unwrap_or(u64::MAX) })
+            .mid_horizon(Horizon { allocs: short + mid_extra, bytes: u64::MAX })
+            .capacity(64)
+            .max_probes(probes)
+            .period_min(8)
+            .period_votes(2)
+            .detect_period(detect)
+            .build()
+            .unwrap();
+        let c = Classifier::new(cfg);
+        let mut live: Vec<(Stamp, u64, u64, u64)> = Vec::new(); // stamp, size, alloc index, bytes after
+        let (mut clock, mut bytes, mut frees) = (0u64, 0u64, 0u64);
+        let mut counts = [[0u64; 3]; 3];
+        let mut sums = [[0u64; 3]; 3];
+        for a in &actions {
+            match *a {
+                Action::Alloc { size, stream, site, hint } => {
+                    let s = c.on_alloc(&Features { size, stream, device: 0, site, hint });
+                    if let Some(h) = hint {
+                        prop_assert_eq!(s.predicted(), h);
+                    }
+                    clock += 1;
+                    bytes += size;
+                    prop_assert_eq!(s.alloc_clock(), clock);
+                    prop_assert_eq!(s.byte_clock(), bytes);
+                    live.push((s, size, clock, bytes));
+                }
+                Action::Free { pick } if !live.is_empty() => {
+                    let (s, size, at, b) = live.swap_remove(pick % live.len());
+                    let o = c.on_free(&s, size);
+                    prop_assert_eq!(o.lifetime_allocs, clock - at);
+                    prop_assert_eq!(o.lifetime_bytes, bytes - b);
+                    prop_assert_eq!(o.actual, c.classify(clock - at, bytes - b));
+                    prop_assert_eq!(o.mispredicted, o.actual != s.predicted());
+                    counts[s.predicted().index()][o.actual.index()] += 1;
+                    sums[s.predicted().index()][o.actual.index()] += size;
+                    frees += 1;
+                }
+                Action::Free { .. } => {}
+                Action::Mark => c.mark_iteration(),
+            }
+        }
+        let mut censored = 0;
+        for (s, size, at, b) in &live {
+            if c.config().short_horizon().fits(clock - at, bytes - b) {
+                censored += 1;
+            } else {
+                counts[s.predicted().index()][Lifetime::Long.index()] += 1;
+                sums[s.predicted().index()][Lifetime::Long.index()] += size;
+            }
+        }
+        c.finish(live.iter().map(|(s, size, _, _)| (*s, *size)));
+        let m = c.confusion();
+        let st = c.stats();
+        prop_assert_eq!(m.counts, counts);
+        prop_assert_eq!(m.bytes, sums);
+        prop_assert_eq!(st.allocs, clock);
+        prop_assert_eq!(st.frees, frees);
+        prop_assert_eq!(st.censored, censored);
+        prop_assert!(st.keys <= 64);
+        prop_assert_eq!(m.total_count() + censored, frees + live.len() as u64);
+    }
+}
