@@ -261,7 +261,7 @@ struct Group {
 
 /// A thread-safe, exact-size recycler of freed device blocks keyed by `(stream, size)`, obeying the
 /// stream rules: a block freed on S is reused at once on S, and on another stream only after an event
-/// recorded on S after its free has completed (see the [module docs](self)).
+/// recorded on S after its free has completed (see the [crate docs](crate)).
 ///
 /// The cache owns no memory: it holds addresses its caller freed and hands them back through
 /// [`take`](Self::take) or [`drain`](Self::drain). It cannot detect a block put twice (the caller's
