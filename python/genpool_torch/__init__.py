@@ -150,13 +150,13 @@ def _device_index(device: Any = None) -> int:
         return 0
     if isinstance(device, int):
         return device
-    index = getattr(device, "index", None)
-    if index is not None or getattr(device, "type", None) == "cuda":
-        return _device_index(None) if index is None else int(index)
     if isinstance(device, str):
         kind, _, idx = device.partition(":")
         if kind == "cuda":
             return int(idx) if idx else _device_index(None)
+    elif getattr(device, "type", None) == "cuda":  # a torch.device
+        index = getattr(device, "index", None)
+        return _device_index(None) if index is None else int(index)
     raise ValueError(f"not a CUDA device: {device!r}")
 
 

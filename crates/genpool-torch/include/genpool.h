@@ -50,9 +50,9 @@ void genpool_reset(void);
 
 /**
  * PyTorch's `memory_fraction_fn` (`torch.cuda.set_per_process_memory_fraction(fraction, device)`): cap
- * the device's live bytes at `fraction` of its memory; allocations past it return NULL. Set before the
- * device's first allocation it also caps the pages the engine may hold. A fraction outside `(0, 1]` is
- * refused (last error set).
+ * the device's live bytes at `fraction` of its memory; allocations past it return NULL. It may be changed
+ * at any time; a hard cap on the physical memory the engine holds is `GENPOOL_CONF=limit:<bytes>`. A
+ * fraction outside `(0, 1]` is refused (last error set).
  */
 void genpool_set_memory_fraction(double fraction,
                                  int device);

@@ -96,7 +96,11 @@ pub extern "C" fn genpool_free(ptr: *mut c_void, size: usize, device: c_int, str
         let addr = ptr.addr() as u64;
         let res = registry::existing(device.into()).and_then(|s| match s {
             Some(s) => free_on(s, addr, stream_id(stream)),
-            None => Err(GenpoolError::InvalidFree { ptr: addr, fault: FreeFault::Unknown }.into()),
+            None => Err(GenpoolError::InvalidFree {
+                ptr: addr,
+                fault: FreeFault::Unknown,
+            }
+            .into()),
         });
         match res {
             Ok(_) => {}
@@ -137,9 +141,9 @@ pub extern "C" fn genpool_reset() {
 }
 
 /// PyTorch's `memory_fraction_fn` (`torch.cuda.set_per_process_memory_fraction(fraction, device)`): cap
-/// the device's live bytes at `fraction` of its memory; allocations past it return NULL. Set before the
-/// device's first allocation it also caps the pages the engine may hold. A fraction outside `(0, 1]` is
-/// refused (last error set).
+/// the device's live bytes at `fraction` of its memory; allocations past it return NULL. It may be changed
+/// at any time; a hard cap on the physical memory the engine holds is `GENPOOL_CONF=limit:<bytes>`. A
+/// fraction outside `(0, 1]` is refused (last error set).
 #[no_mangle]
 pub extern "C" fn genpool_set_memory_fraction(fraction: f64, device: c_int) {
     guard("genpool_set_memory_fraction", (), || {
@@ -159,10 +163,15 @@ pub extern "C" fn genpool_record_stream(ptr: *mut c_void, stream: cudaStream_t) 
         match registry::all_existing().find(|s| s.pool.lookup(addr).is_some()) {
             Some(s) => RECORDED.record(s.index(), addr, stream_id(stream)),
             None => {
-                let e: PluginError =
-                    GenpoolError::InvalidFree { ptr: addr, fault: FreeFault::Unknown }.into();
+                let e: PluginError = GenpoolError::InvalidFree {
+                    ptr: addr,
+                    fault: FreeFault::Unknown,
+                }
+                .into();
                 report::set_last_error(&format_args!("record_stream: {e}"));
-                log::warn!("genpool: record_stream on {addr:#x}, a block this plug-in does not hold");
+                log::warn!(
+                    "genpool: record_stream on {addr:#x}, a block this plug-in does not hold"
+                );
             }
         }
     })
@@ -182,13 +191,19 @@ fn stats_value(device: c_int) -> Result<serde_json::Value, PluginError> {
             map.insert("total_mem".into(), json!(props.total_mem));
             map.insert("live_blocks".into(), json!(s.pool.live_blocks()));
             map.insert("memory_fraction_cap".into(), json!(s.cap()));
-            map.insert("stream_waits".into(), json!(s.stream_waits.load(std::sync::atomic::Ordering::Relaxed)));
+            map.insert(
+                "stream_waits".into(),
+                json!(s.stream_waits.load(std::sync::atomic::Ordering::Relaxed)),
+            );
             map.insert(
                 "sync_fallbacks".into(),
                 json!(s.sync_fallbacks.load(std::sync::atomic::Ordering::Relaxed)),
             );
         }
-        map.insert("plugin_invalid_frees".into(), json!(report::invalid_frees()));
+        map.insert(
+            "plugin_invalid_frees".into(),
+            json!(report::invalid_frees()),
+        );
         map.insert("plugin_recorded_blocks".into(), json!(RECORDED.blocks()));
     }
     Ok(v)
@@ -217,12 +232,14 @@ pub unsafe extern "C" fn genpool_stats_json(device: c_int, buf: *mut c_char, len
 /// bytes of reservation released; 0 for a device with no pool or an invalid one (last error set).
 #[no_mangle]
 pub extern "C" fn genpool_trim(device: c_int) -> u64 {
-    guard("genpool_trim", 0, || match registry::existing(device.into()) {
-        Ok(Some(s)) => s.pool.trim(),
-        Ok(None) => 0,
-        Err(e) => {
-            fail(&e);
-            0
+    guard("genpool_trim", 0, || {
+        match registry::existing(device.into()) {
+            Ok(Some(s)) => s.pool.trim(),
+            Ok(None) => 0,
+            Err(e) => {
+                fail(&e);
+                0
+            }
         }
     })
 }
@@ -230,10 +247,12 @@ pub extern "C" fn genpool_trim(device: c_int) -> u64 {
 /// Tell device `device`'s lifetime classifier a training iteration ended.
 #[no_mangle]
 pub extern "C" fn genpool_mark_iteration(device: c_int) {
-    guard("genpool_mark_iteration", (), || match registry::existing(device.into()) {
-        Ok(Some(s)) => s.pool.mark_iteration(),
-        Ok(None) => {}
-        Err(e) => fail(&e),
+    guard("genpool_mark_iteration", (), || {
+        match registry::existing(device.into()) {
+            Ok(Some(s)) => s.pool.mark_iteration(),
+            Ok(None) => {}
+            Err(e) => fail(&e),
+        }
     })
 }
 

@@ -23,8 +23,9 @@ mod registry;
 mod report;
 
 pub use abi::{
-    cudaStream_t, genpool_free, genpool_init, genpool_last_error, genpool_malloc, genpool_mark_iteration,
-    genpool_record_stream, genpool_reset, genpool_set_memory_fraction, genpool_stats_json, genpool_trim,
+    cudaStream_t, genpool_free, genpool_init, genpool_last_error, genpool_malloc,
+    genpool_mark_iteration, genpool_record_stream, genpool_reset, genpool_set_memory_fraction,
+    genpool_stats_json, genpool_trim,
 };
 pub use error::PluginError;
 pub use registry::MAX_DEVICES;

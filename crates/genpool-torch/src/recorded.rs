@@ -17,14 +17,17 @@ use parking_lot::Mutex;
 /// Number of independently locked shards.
 pub(crate) const SHARDS: usize = 64;
 
+/// One shard: extra streams per block, keyed by (device index, address); `None` until first used.
+type Shard = Mutex<Option<HashMap<(usize, u64), Vec<StreamId>>>>;
+
 /// Extra streams recorded per block, keyed by (device index, address).
 pub(crate) struct Recorded {
-    shards: [Mutex<Option<HashMap<(usize, u64), Vec<StreamId>>>>; SHARDS],
+    shards: [Shard; SHARDS],
     blocks: AtomicUsize,
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
-const EMPTY_SHARD: Mutex<Option<HashMap<(usize, u64), Vec<StreamId>>>> = Mutex::new(None);
+const EMPTY_SHARD: Shard = Mutex::new(None);
 
 /// The process-wide table.
 pub(crate) static RECORDED: Recorded = Recorded::new();
@@ -37,16 +40,22 @@ fn shard_of(ptr: u64) -> usize {
 impl Recorded {
     /// An empty table.
     pub(crate) const fn new() -> Self {
-        Recorded { shards: [EMPTY_SHARD; SHARDS], blocks: AtomicUsize::new(0) }
+        Recorded {
+            shards: [EMPTY_SHARD; SHARDS],
+            blocks: AtomicUsize::new(0),
+        }
     }
 
     /// Remember that block `ptr` of `device` is in use on `stream` (once per stream).
     pub(crate) fn record(&self, device: usize, ptr: u64, stream: StreamId) {
         let mut shard = self.shards[shard_of(ptr)].lock();
-        let streams = shard.get_or_insert_with(HashMap::new).entry((device, ptr)).or_insert_with(|| {
-            self.blocks.fetch_add(1, Ordering::Release);
-            Vec::new()
-        });
+        let streams = shard
+            .get_or_insert_with(HashMap::new)
+            .entry((device, ptr))
+            .or_insert_with(|| {
+                self.blocks.fetch_add(1, Ordering::Release);
+                Vec::new()
+            });
         if !streams.contains(&stream) {
             streams.push(stream);
         }
@@ -59,7 +68,10 @@ impl Recorded {
         if self.blocks.load(Ordering::Acquire) == 0 {
             return None;
         }
-        let streams = self.shards[shard_of(ptr)].lock().as_mut()?.remove(&(device, ptr))?;
+        let streams = self.shards[shard_of(ptr)]
+            .lock()
+            .as_mut()?
+            .remove(&(device, ptr))?;
         self.blocks.fetch_sub(1, Ordering::Release);
         Some(streams)
     }

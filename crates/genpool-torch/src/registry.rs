@@ -69,7 +69,10 @@ struct Slot {
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
-const EMPTY_SLOT: Slot = Slot { state: OnceLock::new(), fraction: AtomicU64::new(0) };
+const EMPTY_SLOT: Slot = Slot {
+    state: OnceLock::new(),
+    fraction: AtomicU64::new(0),
+};
 static SLOTS: [Slot; MAX_DEVICES] = [EMPTY_SLOT; MAX_DEVICES];
 /// Device count reported by PyTorch through `genpool_init` (`usize::MAX` = not told: [`MAX_DEVICES`]
 /// bounds the indices).
@@ -121,7 +124,9 @@ pub(crate) fn existing(index: i64) -> Result<Option<&'static DeviceState>, Plugi
 
 /// Every device state created so far.
 pub(crate) fn all_existing() -> impl Iterator<Item = &'static DeviceState> {
-    SLOTS.iter().filter_map(|s| s.state.get().and_then(|r| r.as_ref().ok()))
+    SLOTS
+        .iter()
+        .filter_map(|s| s.state.get().and_then(|r| r.as_ref().ok()))
 }
 
 fn open(index: usize) -> Result<DeviceState, PluginError> {
@@ -139,15 +144,14 @@ fn open(index: usize) -> Result<DeviceState, PluginError> {
     res
 }
 
-fn build(index: usize, device: Arc<dyn Device>, mut cfg: Config) -> Result<DeviceState, PluginError> {
+fn build(index: usize, device: Arc<dyn Device>, cfg: Config) -> Result<DeviceState, PluginError> {
     let total = device.props().total_mem;
-    if let Some(f) = fraction(index) {
-        let cap = (f * total as f64) as u64;
-        cfg.limit = Some(cfg.limit.map_or(cap, |l| l.min(cap)));
-    }
     let name = device.props().name.clone();
     let pool = Pool::new(device, cfg)?;
-    log::info!("genpool: device {index} ({name}, {total} B) ready: {:?}", pool.config());
+    log::info!(
+        "genpool: device {index} ({name}, {total} B) ready: {:?}",
+        pool.config()
+    );
     Ok(DeviceState {
         index,
         pool,
@@ -165,8 +169,8 @@ fn fraction(index: usize) -> Option<f64> {
 }
 
 /// Cap device `index`'s live bytes at `fraction` of its memory (PyTorch's
-/// `set_per_process_memory_fraction`). Set before the device's first allocation, it also caps the
-/// engine's physical pages (`Config::limit`).
+/// `set_per_process_memory_fraction`); it can be raised or lowered at any time. A hard cap on the pages
+/// the engine holds is `GENPOOL_CONF=limit:<bytes>`.
 pub(crate) fn set_fraction(index: i64, fraction: f64) -> Result<(), PluginError> {
     let i = check_index(index)?;
     if !(fraction > 0.0 && fraction <= 1.0) {
@@ -194,7 +198,11 @@ impl DeviceState {
             if let Some(cap) = self.cap() {
                 let allocated = self.pool.allocated();
                 if allocated.saturating_add(size) > cap {
-                    return Err(PluginError::OverFraction { requested: size, allocated, cap });
+                    return Err(PluginError::OverFraction {
+                        requested: size,
+                        allocated,
+                        cap,
+                    });
                 }
             }
         }
@@ -205,26 +213,42 @@ impl DeviceState {
     /// `stream` is not reused before kernels on those streams are done with it. If an event call fails,
     /// falls back to synchronizing the device; if that fails too the error is returned and the caller
     /// must not free the block.
-    pub(crate) fn order_after(&self, ptr: u64, others: &[StreamId], stream: StreamId) -> Result<(), PluginError> {
+    pub(crate) fn order_after(
+        &self,
+        ptr: u64,
+        others: &[StreamId],
+        stream: StreamId,
+    ) -> Result<(), PluginError> {
         let dev = self.pool.device();
         for &other in others.iter().filter(|&&s| s != stream) {
             if let Err(e) = self.wait_one(dev.as_ref(), other, stream) {
-                log::warn!("genpool: event ordering for {ptr:#x} failed ({e}); synchronizing the device");
+                log::warn!(
+                    "genpool: event ordering for {ptr:#x} failed ({e}); synchronizing the device"
+                );
                 self.sync_fallbacks.fetch_add(1, Relaxed);
-                return dev.synchronize().map_err(|source| PluginError::StreamOrder { ptr, source });
+                return dev
+                    .synchronize()
+                    .map_err(|source| PluginError::StreamOrder { ptr, source });
             }
             self.stream_waits.fetch_add(1, Relaxed);
         }
         Ok(())
     }
 
-    fn wait_one(&self, dev: &dyn Device, other: StreamId, stream: StreamId) -> Result<(), gen_device::DeviceError> {
+    fn wait_one(
+        &self,
+        dev: &dyn Device,
+        other: StreamId,
+        stream: StreamId,
+    ) -> Result<(), gen_device::DeviceError> {
         let spare = self.events.lock().pop();
         let event = match spare {
             Some(e) => e,
             None => dev.event_create()?,
         };
-        let res = dev.event_record(event, other).and_then(|()| dev.stream_wait_event(stream, event));
+        let res = dev
+            .event_record(event, other)
+            .and_then(|()| dev.stream_wait_event(stream, event));
         self.events.lock().push(event);
         res
     }
@@ -242,10 +266,17 @@ pub(crate) mod testing {
     }
 
     /// Install a pool over `device` in slot `index`, which no other test may use.
-    pub(crate) fn install(index: usize, device: Arc<dyn Device>, cfg: Config) -> &'static DeviceState {
+    pub(crate) fn install(
+        index: usize,
+        device: Arc<dyn Device>,
+        cfg: Config,
+    ) -> &'static DeviceState {
         use_sim();
         let state = build(index, device, cfg).expect("pool over a test device");
-        assert!(SLOTS[index].state.set(Ok(state)).is_ok(), "slot {index} already in use");
+        assert!(
+            SLOTS[index].state.set(Ok(state)).is_ok(),
+            "slot {index} already in use"
+        );
         match SLOTS[index].state.get() {
             Some(Ok(s)) => s,
             _ => unreachable!("just set"),

@@ -45,7 +45,11 @@ fn last_error() -> String {
     // SAFETY: `buf` is valid for `buf.len()` bytes.
     let m = unsafe { genpool_last_error(buf.as_mut_ptr().cast(), buf.len()) };
     assert_eq!(m, n);
-    CStr::from_bytes_until_nul(&buf).unwrap().to_str().unwrap().to_string()
+    CStr::from_bytes_until_nul(&buf)
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string()
 }
 
 fn stats(device: c_int) -> Value {
@@ -60,11 +64,19 @@ fn stats(device: c_int) -> Value {
 }
 
 fn u(v: &Value, key: &str) -> u64 {
-    v[key].as_u64().unwrap_or_else(|| panic!("{key} missing in {v}"))
+    v[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{key} missing in {v}"))
 }
 
 fn sim(index: usize, capacity: u64) -> (Arc<SimDevice>, c_int) {
-    let dev = Arc::new(SimDevice::config().capacity(capacity).ordinal(index).build().unwrap());
+    let dev = Arc::new(
+        SimDevice::config()
+            .capacity(capacity)
+            .ordinal(index)
+            .build()
+            .unwrap(),
+    );
     testing::install(index, dev.clone(), Config::default());
     (dev, index as c_int)
 }
@@ -128,7 +140,11 @@ fn size_zero_and_huge_sizes() {
     assert_eq!(last_error(), "sentinel", "size 0 is not an error");
     for size in [usize::MAX, 1 << 50, (1 << 30) + 1] {
         assert!(malloc(size, d, NULL_STREAM).is_null(), "{size}");
-        assert!(last_error().contains("invalid size"), "{size}: {}", last_error());
+        assert!(
+            last_error().contains("invalid size"),
+            "{size}: {}",
+            last_error()
+        );
     }
     let s = stats(d);
     assert_eq!(u(&s, "allocated_current"), 0);
@@ -153,7 +169,11 @@ fn out_of_memory_is_null_and_recoverable() {
         }
         live.push(p);
     }
-    assert!(hit_oom, "64 MiB device served {} blocks of 8 MiB", live.len());
+    assert!(
+        hit_oom,
+        "64 MiB device served {} blocks of 8 MiB",
+        live.len()
+    );
     assert!(!live.is_empty());
     assert!(last_error().contains("out of memory"), "{}", last_error());
     assert!(u(&stats(d), "num_ooms") >= 1);
@@ -177,20 +197,36 @@ fn foreign_and_double_frees_are_refused_once_logged() {
     assert!(last_error().contains("double free"), "{}", last_error());
     let foreign: *mut c_void = std::ptr::without_provenance_mut(0xdead_0000);
     genpool_free(foreign, 512, d, NULL_STREAM);
-    assert!(last_error().contains("not allocated by this pool"), "{}", last_error());
+    assert!(
+        last_error().contains("not allocated by this pool"),
+        "{}",
+        last_error()
+    );
     genpool_free(foreign, 512, d, NULL_STREAM);
     genpool_free(null_mut(), 0, d, NULL_STREAM);
     let s = stats(d);
-    assert_eq!(u(&s, "num_invalid_frees"), 3, "double + foreign twice; NULL ignored");
+    assert_eq!(
+        u(&s, "num_invalid_frees"),
+        3,
+        "double + foreign twice; NULL ignored"
+    );
     assert_eq!(u(&s, "num_frees"), 1);
     // Each pointer was logged on its first refusal only.
-    assert!(!crate::report::invalid_free(d, foreign.addr() as u64, &"again"));
+    assert!(!crate::report::invalid_free(
+        d,
+        foreign.addr() as u64,
+        &"again"
+    ));
     assert!(!crate::report::invalid_free(d, p.addr() as u64, &"again"));
     // A free on a device with no pool, and on an invalid device: refused, no crash.
     genpool_free(foreign, 512, 62, NULL_STREAM);
     assert!(last_error().contains("not allocated"), "{}", last_error());
     genpool_free(foreign, 512, -1, NULL_STREAM);
-    assert!(last_error().contains("invalid device index"), "{}", last_error());
+    assert!(
+        last_error().contains("invalid device index"),
+        "{}",
+        last_error()
+    );
     assert_eq!(stats(62)["initialized"], Value::Bool(false));
     // The pool still works.
     let q = malloc(4096, d, NULL_STREAM);
@@ -258,7 +294,13 @@ fn many_threads_allocate_and_free() {
     let mut snap = snapshot.into_inner();
     snap.sort_unstable();
     for w in snap.windows(2) {
-        assert!(w[0].0 + w[0].1 <= w[1].0, "overlap: {:#x}+{} and {:#x}", w[0].0, w[0].1, w[1].0);
+        assert!(
+            w[0].0 + w[0].1 <= w[1].0,
+            "overlap: {:#x}+{} and {:#x}",
+            w[0].0,
+            w[0].1,
+            w[1].0
+        );
     }
     let s = stats(d);
     assert_eq!(u(&s, "allocated_current"), 0);
@@ -294,7 +336,10 @@ fn record_stream_orders_the_free_after_the_other_stream() {
     let before = dev.calls();
     genpool_free(q, 1 << 20, d, stream_ptr(s1));
     let delta = dev.calls().since(&before);
-    assert_eq!(delta[CallKind::EventRecord] + delta[CallKind::StreamWaitEvent], 0);
+    assert_eq!(
+        delta[CallKind::EventRecord] + delta[CallKind::StreamWaitEvent],
+        0
+    );
     let r = malloc(4096, d, stream_ptr(s1));
     genpool_record_stream(r, stream_ptr(s2));
     let before = dev.calls();
@@ -326,13 +371,21 @@ fn panics_are_caught_at_the_boundary() {
     let (_dev, d) = sim(7, 1 << 30);
     crate::abi::hooks::panic_next("genpool_malloc");
     assert!(malloc(4096, d, NULL_STREAM).is_null());
-    assert!(last_error().contains("internal panic in genpool_malloc"), "{}", last_error());
+    assert!(
+        last_error().contains("internal panic in genpool_malloc"),
+        "{}",
+        last_error()
+    );
     let p = malloc(4096, d, NULL_STREAM);
     assert!(!p.is_null());
     crate::abi::hooks::panic_next("genpool_free");
     genpool_free(p, 4096, d, NULL_STREAM);
     assert!(last_error().contains("internal panic in genpool_free"));
-    assert_eq!(u(&stats(d), "allocated_current"), 4096, "the panic came before the free");
+    assert_eq!(
+        u(&stats(d), "allocated_current"),
+        4096,
+        "the panic came before the free"
+    );
     genpool_free(p, 4096, d, NULL_STREAM);
     crate::abi::hooks::panic_next("genpool_stats_json");
     // SAFETY: a null buffer is allowed.
@@ -350,14 +403,22 @@ fn memory_fraction_caps_live_bytes() {
     let a = malloc(100 << 20, d, NULL_STREAM);
     assert!(!a.is_null(), "{}", last_error());
     assert!(malloc(40 << 20, d, NULL_STREAM).is_null());
-    assert!(last_error().contains("memory-fraction cap"), "{}", last_error());
+    assert!(
+        last_error().contains("memory-fraction cap"),
+        "{}",
+        last_error()
+    );
     genpool_set_memory_fraction(1.0, d);
     let b = malloc(40 << 20, d, NULL_STREAM);
     assert!(!b.is_null(), "raised cap: {}", last_error());
     for bad in [0.0, -0.5, 1.5, f64::NAN] {
         crate::report::set_last_error(&"sentinel");
         genpool_set_memory_fraction(bad, d);
-        assert!(last_error().contains("invalid memory fraction"), "{bad}: {}", last_error());
+        assert!(
+            last_error().contains("invalid memory fraction"),
+            "{bad}: {}",
+            last_error()
+        );
     }
     genpool_set_memory_fraction(0.5, 64);
     assert!(last_error().contains("invalid device index"));
@@ -381,14 +442,26 @@ fn stats_json_is_safe_with_short_buffers() {
         let written = len.min(n + 1);
         assert_eq!(buf[written - 1], 0, "NUL at {}", written - 1);
         assert_eq!(&buf[..written - 1], &text.as_bytes()[..written - 1]);
-        assert!(buf[written..].iter().all(|&b| b == 0xAA), "wrote past {len}");
+        assert!(
+            buf[written..].iter().all(|&b| b == 0xAA),
+            "wrote past {len}"
+        );
     }
-    // SAFETY: len 0 with a non-null pointer writes nothing.
-    assert_eq!(unsafe { genpool_stats_json(d, [0u8; 1].as_mut_ptr().cast(), 0) }, n);
+    assert_eq!(
+        // SAFETY: len 0 with a non-null pointer writes nothing.
+        unsafe { genpool_stats_json(d, [0u8; 1].as_mut_ptr().cast(), 0) },
+        n
+    );
     assert_eq!(full["device"], d);
     assert_eq!(full["initialized"], true);
     assert_eq!(full["tiers"].as_array().unwrap().len(), 4);
-    for key in ["allocated_peak", "reserved_current", "reserved_peak", "num_ooms", "cached_bytes"] {
+    for key in [
+        "allocated_peak",
+        "reserved_current",
+        "reserved_peak",
+        "num_ooms",
+        "cached_bytes",
+    ] {
         u(&full, key);
     }
     genpool_free(p, 0, d, NULL_STREAM);
@@ -399,7 +472,11 @@ fn invalid_device_indices_are_refused() {
     let _g = ERRORS.lock();
     for d in [-1, MAX_DEVICES as c_int, c_int::MAX, c_int::MIN] {
         assert!(malloc(512, d, NULL_STREAM).is_null());
-        assert!(last_error().contains("invalid device index"), "{d}: {}", last_error());
+        assert!(
+            last_error().contains("invalid device index"),
+            "{d}: {}",
+            last_error()
+        );
         assert_eq!(genpool_trim(d), 0);
         genpool_mark_iteration(d);
         // SAFETY: a null buffer is allowed.
@@ -416,7 +493,11 @@ fn init_validates_the_device_count() {
     genpool_init(MAX_DEVICES as c_int);
     assert_eq!(crate::registry::bound(), MAX_DEVICES);
     genpool_init(-3);
-    assert!(last_error().contains("invalid device count -3"), "{}", last_error());
+    assert!(
+        last_error().contains("invalid device count -3"),
+        "{}",
+        last_error()
+    );
     assert_eq!(crate::registry::bound(), MAX_DEVICES);
 }
 
@@ -456,5 +537,8 @@ fn device_backend_names_parse() {
     assert_eq!(Backend::parse("sim"), Ok(Backend::Sim));
     assert_eq!(Backend::parse(" CUDA "), Ok(Backend::Cuda));
     assert_eq!(Backend::parse("auto"), Ok(Backend::Auto));
-    assert!(matches!(Backend::parse("tpu"), Err(PluginError::BadDeviceKind(_))));
+    assert!(matches!(
+        Backend::parse("tpu"),
+        Err(PluginError::BadDeviceKind(_))
+    ));
 }

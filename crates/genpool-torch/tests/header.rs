@@ -36,7 +36,11 @@ fn exported_in_source() -> BTreeSet<String> {
 fn declared_in_header(header: &str) -> BTreeSet<String> {
     let mut names = BTreeSet::new();
     for line in header.lines().map(str::trim) {
-        if line.starts_with('*') || line.starts_with("/*") || line.starts_with("//") || line.starts_with('#') {
+        if line.starts_with('*')
+            || line.starts_with("/*")
+            || line.starts_with("//")
+            || line.starts_with('#')
+        {
             continue;
         }
         if let Some(at) = line.find("genpool_") {
@@ -56,13 +60,23 @@ fn declared_in_header(header: &str) -> BTreeSet<String> {
 fn header_declares_exactly_the_exported_functions() {
     let header = std::fs::read_to_string(header_path()).expect("include/genpool.h is committed");
     let source = exported_in_source();
-    assert!(source.contains("genpool_malloc") && source.contains("genpool_free"), "{source:?}");
-    assert_eq!(declared_in_header(&header), source, "regenerate include/genpool.h (see cbindgen.toml)");
+    assert!(
+        source.contains("genpool_malloc") && source.contains("genpool_free"),
+        "{source:?}"
+    );
+    assert_eq!(
+        declared_in_header(&header),
+        source,
+        "regenerate include/genpool.h (see cbindgen.toml)"
+    );
     assert!(header.contains("typedef struct CUstream_st *cudaStream_t;"));
 }
 
 fn have(tool: &str) -> bool {
-    Command::new(tool).arg("--version").output().is_ok_and(|o| o.status.success())
+    Command::new(tool)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 #[test]
@@ -74,7 +88,13 @@ fn header_is_byte_identical_to_cbindgen_output() {
     let out = std::env::temp_dir().join(format!("genpool-header-{}.h", std::process::id()));
     let status = Command::new("cbindgen")
         .current_dir(crate_dir())
-        .args(["--config", "cbindgen.toml", "--crate", "genpool-torch", "--output"])
+        .args([
+            "--config",
+            "cbindgen.toml",
+            "--crate",
+            "genpool-torch",
+            "--output",
+        ])
         .arg(&out)
         .status()
         .unwrap();
@@ -82,7 +102,10 @@ fn header_is_byte_identical_to_cbindgen_output() {
     let fresh = std::fs::read_to_string(&out).unwrap();
     let _ = std::fs::remove_file(&out);
     let committed = std::fs::read_to_string(header_path()).unwrap();
-    assert!(fresh == committed, "include/genpool.h is stale: regenerate it (see cbindgen.toml)");
+    assert!(
+        fresh == committed,
+        "include/genpool.h is stale: regenerate it (see cbindgen.toml)"
+    );
 }
 
 fn compile(compiler: &str, lang: &str, header_dir: &Path) {
@@ -109,14 +132,22 @@ fn compile(compiler: &str, lang: &str, header_dir: &Path) {
     .unwrap();
     let out = Command::new(compiler)
         .args(["-fsyntax-only", "-Wall", "-Wextra", "-Werror"])
-        .args(if lang == "c" { ["-std=c11", "-xc"] } else { ["-std=c++17", "-xc++"] })
+        .args(if lang == "c" {
+            ["-std=c11", "-xc"]
+        } else {
+            ["-std=c++17", "-xc++"]
+        })
         .arg("-I")
         .arg(header_dir)
         .arg(&file)
         .output()
         .unwrap();
     let _ = std::fs::remove_dir_all(&dir);
-    assert!(out.status.success(), "{compiler} ({lang}): {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{compiler} ({lang}): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
