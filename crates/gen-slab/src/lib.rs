@@ -42,6 +42,7 @@
 //! is not yet safe (freed on a stream, or in a pending batch) it first synchronizes the device once; every
 //! slot it did not decommit goes back (after a synchronize: all to the idle list).
 
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod class;
