@@ -249,7 +249,13 @@ fn reported_pointer_set_is_bounded() {
 fn many_threads_allocate_and_free() {
     let (_dev, d) = sim(5, 16 << 30);
     let threads = 8;
-    let iters = if cfg!(miri) { 50 } else { 3000 };
+    let iters = if cfg!(miri) {
+        50
+    } else if cfg!(debug_assertions) {
+        1000
+    } else {
+        3000
+    };
     let snapshot = Mutex::new(Vec::new());
     let barrier = std::sync::Barrier::new(threads);
     std::thread::scope(|s| {

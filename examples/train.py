@@ -1,0 +1,324 @@
+#!/usr/bin/env python3
+"""Train a random-init model for a few steps under a chosen CUDA allocator.
+
+    python3 examples/train.py --model gpt2 --allocator genpool --steps 30 [--json]
+    python3 examples/train.py --model gpt2 --check-losses        # genpool's first 20 losses == native's
+
+Models (random init from configs, no downloads; bf16 autocast):
+  gpt2          GPT-2 small (12 layers), batch 8 x 1024 tokens, AdamW
+  gpt2m-varlen  GPT-2 medium (24 layers), batch 4-16 x 32-1024 tokens (random per step), AdamW
+  llama-ckpt    a ~0.3B Llama (12 layers, d=1024, GQA) with gradient checkpointing, batch 4 x 128-2048
+                tokens (random per step), AdamW
+  resnet50      torchvision ResNet-50, batch 64, 224x224, channels_last, SGD with momentum
+
+Allocators: native (PyTorch's caching allocator), expandable (expandable_segments:True), async
+(backend:cudaMallocAsync), genpool (this project, through CUDAPluggableAllocator; the library is found via
+GENPOOL_LIB or the repository's target/release).
+
+Peak device memory is measured the same way for every allocator, from outside the allocator: a thread
+samples NVML every 2 ms — this process's used memory (nvmlDeviceGetComputeRunningProcesses) when NVML
+lists the process, else the device's used memory minus its value before CUDA was initialised — or, without
+NVML, torch.cuda.mem_get_info() deltas sampled the same way. The method is printed ("peak_method").
+Both include the CUDA context and library workspaces, identical across allocators.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+MODELS = ("gpt2", "gpt2m-varlen", "llama-ckpt", "resnet50")
+ALLOCATORS = ("native", "expandable", "async", "genpool")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=MODELS, default="gpt2")
+    p.add_argument("--allocator", choices=ALLOCATORS, default="native")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5, help="steps left out of the median step time")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--deterministic", action="store_true",
+                   help="fixed seeds, torch.use_deterministic_algorithms(True), eager attention")
+    p.add_argument("--json", action="store_true", help="print one JSON line at the end")
+    p.add_argument("--quiet", action="store_true", help="no per-step lines")
+    p.add_argument("--check-losses", action="store_true",
+                   help="run native and genpool deterministically in fresh processes; compare the losses")
+    p.add_argument("--check-steps", type=int, default=20)
+    p.add_argument("--genpool-conf", default=None, help="GENPOOL_CONF for the genpool run")
+    return p.parse_args(argv)
+
+
+def configure_allocator_env(args) -> None:
+    """Environment that must be in place before torch initialises CUDA."""
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    extra = {"expandable": "expandable_segments:True", "async": "backend:cudaMallocAsync"}.get(args.allocator)
+    if extra:
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = f"{conf},{extra}" if conf else extra
+    if args.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    if args.genpool_conf:
+        os.environ["GENPOOL_CONF"] = args.genpool_conf
+
+
+class PeakSampler:
+    """Peak device memory of this process, sampled from outside the allocator."""
+
+    def __init__(self, device_index: int = 0, interval: float = 0.002):
+        self.interval = interval
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = None
+        self.method = None
+        self._nvml = None
+        try:
+            import pynvml  # nvidia-ml-py
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(self._nvml_index(device_index))
+            self._baseline = pynvml.nvmlDeviceGetMemoryInfo(self._handle).used
+        except Exception:  # no NVML: fall back to cudaMemGetInfo after CUDA init
+            self._nvml = None
+
+    @staticmethod
+    def _nvml_index(device_index: int) -> int:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible:
+            ids = [v.strip() for v in visible.split(",") if v.strip()]
+            if device_index < len(ids) and ids[device_index].isdigit():
+                return int(ids[device_index])
+        return device_index
+
+    def _sample(self) -> int:
+        if self._nvml is not None:
+            pid = os.getpid()
+            try:
+                for proc in self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle):
+                    if proc.pid == pid and proc.usedGpuMemory is not None:
+                        self.method = self.method or "nvml-process"
+                        return int(proc.usedGpuMemory)
+            except self._nvml.NVMLError:
+                pass
+            # The process is not listed (e.g. a PID namespace): device used memory minus the baseline.
+            self.method = self.method or "nvml-device-delta"
+            return int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used) - self._baseline
+        import torch
+
+        free, total = torch.cuda.mem_get_info()
+        self.method = self.method or "cuda-mem_get_info-delta"
+        return total - free - self._baseline
+
+    def start(self) -> None:
+        if self._nvml is None:
+            import torch
+
+            torch.cuda.init()
+            free, total = torch.cuda.mem_get_info()
+            self._baseline = total - free  # the context is already in; measured as a delta from here
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.peak = max(self.peak, self._sample())
+            except Exception:
+                pass
+            self._stop.wait(self.interval)
+
+    def stop(self) -> int:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.peak = max(self.peak, self._sample())
+        return self.peak
+
+
+def build(args, torch, device):
+    """(model, optimizer, step_fn) where step_fn(step_index) runs forward+backward and returns the loss."""
+    rng = random.Random(args.seed)  # shapes: identical sequence for every allocator
+    attn = {"attn_implementation": "eager"} if args.deterministic else {}
+    if args.model == "resnet50":
+        import torchvision
+
+        model = torchvision.models.resnet50(weights=None).to(device, memory_format=torch.channels_last)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        loss_fn = torch.nn.CrossEntropyLoss()
+
+        def step(_i):
+            x = torch.randn(64, 3, 224, 224, device=device).to(memory_format=torch.channels_last)
+            y = torch.randint(0, 1000, (64,), device=device)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = loss_fn(model(x), y)
+            loss.backward()
+            return loss
+
+        return model, opt, step
+
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    if args.model == "gpt2":
+        cfg = GPT2Config(n_layer=12, n_embd=768, n_head=12, n_positions=1024, **attn)
+        model = GPT2LMHeadModel(cfg)
+        shape = lambda: (8, 1024)  # noqa: E731
+    elif args.model == "gpt2m-varlen":
+        cfg = GPT2Config(n_layer=24, n_embd=1024, n_head=16, n_positions=1024, **attn)
+        model = GPT2LMHeadModel(cfg)
+        shape = lambda: (rng.choice((4, 8, 12, 16)), rng.randint(32, 1024))  # noqa: E731
+    else:
+        cfg = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=12,
+                          num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=2048, **attn)
+        model = LlamaForCausalLM(cfg)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+        shape = lambda: (4, rng.randint(128, 2048))  # noqa: E731
+    model = model.to(device)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    vocab = cfg.vocab_size
+
+    def step(_i):
+        b, t = shape()
+        ids = torch.randint(0, vocab, (b, t), device=device)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        return loss
+
+    return model, opt, step
+
+
+def train(args) -> dict:
+    configure_allocator_env(args)
+    sampler = PeakSampler(0)  # NVML baseline before torch touches CUDA
+    gp = None
+    if args.allocator == "genpool":
+        try:
+            import genpool_torch as gp
+        except ImportError:
+            sys.path.insert(0, str(REPO / "python"))
+            import genpool_torch as gp
+        gp.install()  # before any CUDA use
+    import torch
+
+    if args.deterministic:
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.cuda.manual_seed_all(args.seed)
+    device = torch.device("cuda", 0)
+    sampler.start()
+
+    model, opt, step_fn = build(args, torch, device)
+    losses, times = [], []
+    for i in range(args.steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        ctx = gp.step() if gp is not None else _null()
+        with ctx:
+            loss = step_fn(i)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            value = loss.item()  # synchronizes
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        losses.append(value)
+        times.append(dt)
+        if not args.quiet:
+            print(f"step {i:4d}  loss {value!r}  time {dt * 1e3:9.2f} ms", flush=True)
+    peak = sampler.stop()
+    timed = times[args.warmup:] if len(times) > args.warmup else times
+    result = {
+        "model": args.model,
+        "allocator": args.allocator,
+        "steps": args.steps,
+        "deterministic": args.deterministic,
+        "median_step_ms": statistics.median(timed) * 1e3,
+        "peak_bytes": peak,
+        "peak_method": sampler.method,
+        "losses": losses,
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+    }
+    if gp is not None:
+        s = gp.raw_stats(0)
+        result["allocator_reserved_peak"] = s["reserved_peak"]
+        result["allocator_allocated_peak"] = s["allocated_peak"]
+        result["genpool_ooms"] = s["num_ooms"]
+        result["genpool_invalid_frees"] = s["num_invalid_frees"]
+    else:
+        try:
+            result["allocator_reserved_peak"] = torch.cuda.max_memory_reserved(0)
+            result["allocator_allocated_peak"] = torch.cuda.max_memory_allocated(0)
+        except Exception:
+            pass
+    if result.get("allocator_allocated_peak"):
+        result["allocator_ratio"] = result["allocator_reserved_peak"] / result["allocator_allocated_peak"]
+    print(f"median step {result['median_step_ms']:.2f} ms; peak {peak / 2**20:.1f} MiB "
+          f"({sampler.method}); allocator reserved peak "
+          f"{result.get('allocator_reserved_peak', 0) / 2**20:.1f} MiB", file=sys.stderr if args.json else sys.stdout)
+    return result
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def run_child(args, allocator: str, steps: int, deterministic: bool) -> dict:
+    """Run this script in a fresh process (an allocator can only be chosen before CUDA starts)."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--model", args.model, "--allocator", allocator,
+           "--steps", str(steps), "--seed", str(args.seed), "--json", "--quiet"]
+    if deterministic:
+        cmd.append("--deterministic")
+    if args.genpool_conf:
+        cmd += ["--genpool-conf", args.genpool_conf]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return {"model": args.model, "allocator": allocator, "error": proc.stderr.strip()[-2000:]}
+    return json.loads(lines[-1])
+
+
+def check_losses(args) -> int:
+    native = run_child(args, "native", args.check_steps, True)
+    genpool = run_child(args, "genpool", args.check_steps, True)
+    for r in (native, genpool):
+        if "error" in r:
+            print(json.dumps({"check": "losses", "model": args.model, "ok": False, "error": r}))
+            return 2
+    a, b = native["losses"][: args.check_steps], genpool["losses"][: args.check_steps]
+    mismatch = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+    ok = len(a) == len(b) == args.check_steps and not mismatch
+    print(json.dumps({"check": "losses", "model": args.model, "ok": ok, "steps": args.check_steps,
+                      "first_mismatch": mismatch[0] if mismatch else None, "native": a, "genpool": b}))
+    return 0 if ok else 1
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.check_losses:
+        return check_losses(args)
+    result = train(args)
+    if args.json:
+        print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
