@@ -259,15 +259,101 @@ def is_installed() -> bool:
     return _allocator is not None
 
 
+_SHIM_SRC = r"""
+#include <cstddef>
+#include <cstring>
+extern "C" {
+typedef struct CUstream_st *cudaStream_t;
+void *genpool_malloc(size_t size, int device, cudaStream_t stream);
+size_t genpool_last_error(char *buf, size_t len);
+
+// PyTorch's CUDAPluggableAllocator does not check alloc_fn's result: a NULL becomes a tensor with a
+// null data pointer. Turn genpool's NULL into the exception PyTorch's own allocator would throw.
+void *genpool_torch_malloc(size_t size, int device, cudaStream_t stream) {
+  void *p = genpool_malloc(size, device, stream);
+  if (p == nullptr && size != 0) {
+    char msg[2048];
+    genpool_last_error(msg, sizeof msg);
+    // "invalid size" is a request larger than the device: PyTorch's own allocator calls that OOM too.
+    if (std::strncmp(msg, "out of memory", 13) == 0 || std::strncmp(msg, "invalid size", 12) == 0) {
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory (genpool, device ", device, "): ", msg);
+    }
+    TORCH_CHECK(false, "genpool could not allocate ", size, " bytes on device ", device, ": ", msg);
+  }
+  return p;
+}
+}
+"""
+
+
+def _oom_shim(lib_path: Path) -> Path:
+    """Compile (once, cached) a tiny C++ wrapper around genpool_malloc that raises
+    ``torch.OutOfMemoryError`` instead of returning NULL, and return its path.
+
+    Built with the system C++ compiler (``$GENPOOL_CXX``, default ``c++``; deliberately not ``$CXX``)
+    against PyTorch's headers and ``libc10``, linking the C++ runtime dynamically: the exception must be
+    thrown by the same ``libstdc++`` PyTorch catches it with. (On the H200 machine ``$CXX`` is a GCC whose
+    C++ runtime ends up statically inside the wrapper, also through ``torch.utils.cpp_extension``; its
+    exception crashed the process instead of reaching Python.) A wrapper that exports its own
+    ``__cxa_throw`` is refused."""
+    import hashlib
+    import subprocess
+
+    import torch
+
+    torch_dir = Path(torch.__file__).resolve().parent
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    src = "#include <c10/util/Exception.h>\n" + _SHIM_SRC
+    key = hashlib.sha1(f"{src}{lib_path}{torch.__version__}{abi}".encode()).hexdigest()[:12]
+    out_dir = Path(os.environ.get("GENPOOL_SHIM_DIR", Path.home() / ".cache" / "genpool_torch"))
+    so = out_dir / f"genpool_torch_shim_{key}.so"
+    if so.is_file():
+        return so
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cpp = out_dir / f"genpool_torch_shim_{key}.cpp"
+    cpp.write_text(src)
+    tmp = out_dir / f"genpool_torch_shim_{key}.{os.getpid()}.tmp"
+    cmd = [
+        os.environ.get("GENPOOL_CXX", "c++"), "-O2", "-shared", "-fPIC", "-std=c++17",
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{torch_dir / 'include'}", str(cpp), "-o", str(tmp),
+        str(lib_path), f"-L{torch_dir / 'lib'}", "-lc10",
+        f"-Wl,-rpath,{torch_dir / 'lib'}", f"-Wl,-rpath,{lib_path.parent}",
+    ]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise GenpoolError(f"`{' '.join(cmd)}` failed:\n{res.stderr[-2000:]}")
+    try:
+        nm = subprocess.run(["nm", "-D", "--defined-only", str(tmp)], capture_output=True, text=True)
+        private_runtime = nm.returncode == 0 and " __cxa_throw" in nm.stdout
+    except OSError:  # no nm: trust the compiler
+        private_runtime = False
+    if private_runtime:
+        os.unlink(tmp)
+        raise GenpoolError(
+            f"{cmd[0]} linked a private C++ runtime into the wrapper (it defines __cxa_throw), so its "
+            "exceptions cannot reach PyTorch; set GENPOOL_CXX to the system compiler (e.g. /usr/bin/c++)"
+        )
+    os.replace(tmp, so)  # atomic: concurrent processes never load a half-written file
+    return so
+
+
 def install(path: Optional[Union[str, os.PathLike]] = None, *, device: Optional[str] = None,
-            config: Optional[str] = None):
+            config: Optional[str] = None, oom: str = "raise"):
     """Make genpool PyTorch's CUDA allocator. Call it before CUDA is initialised (before the first CUDA
     tensor, ``torch.cuda.current_device()`` or ``torch.cuda.memory_allocated()``).
 
     ``device`` sets ``GENPOOL_DEVICE`` (``"cuda"``, the default, ``"sim"`` or ``"auto"``) and ``config``
     sets ``GENPOOL_CONF`` (``"key:value,..."``) for the pools, which are created on each device's first
     allocation. Returns the ``CUDAPluggableAllocator``; calling it again returns the same one.
+
+    ``oom="raise"`` (default): allocations genpool cannot serve raise ``torch.OutOfMemoryError``, through
+    a small C++ wrapper compiled on first use (needs a C++ compiler, ``$CXX`` or ``c++``; seconds once,
+    then cached under ``$GENPOOL_SHIM_DIR`` or ``~/.cache/genpool_torch``). PyTorch's
+    pluggable-allocator hook does not check for NULL itself: with ``oom="null"`` (no compiler needed) a
+    failed allocation yields a tensor with a null data pointer, and the next kernel touching it faults.
     """
+    if oom not in ("raise", "null"):
+        raise ValueError(f"oom must be 'raise' or 'null', not {oom!r}")
     global _allocator
     if _allocator is not None:
         return _allocator
@@ -289,7 +375,18 @@ def install(path: Optional[Union[str, os.PathLike]] = None, *, device: Optional[
     if config is not None:
         os.environ["GENPOOL_CONF"] = config
     lib = _load(path)
-    alloc = torch.cuda.memory.CUDAPluggableAllocator(str(_lib_path), "genpool_malloc", "genpool_free")
+    assert _lib_path is not None
+    so_path, malloc_name = _lib_path, "genpool_malloc"
+    if oom == "raise":
+        try:
+            so_path, malloc_name = _oom_shim(_lib_path), "genpool_torch_malloc"
+        except Exception as e:
+            raise GenpoolInstallError(
+                f"cannot build the out-of-memory wrapper ({e}); install a C++ compiler, or pass "
+                "oom='null' to accept null tensors on out-of-memory"
+            ) from e
+    # genpool_free resolves through the wrapper's dependency on the library.
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(str(so_path), malloc_name, "genpool_free")
     raw = alloc.allocator()
     # Only the callbacks PyTorch's C++ side calls (CUDAPluggableAllocator.cpp): init at CUDA
     # initialisation, reset from torch.cuda.empty_cache(), the memory fraction from

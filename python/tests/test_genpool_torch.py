@@ -153,7 +153,7 @@ class InstallTest(unittest.TestCase):
     def test_wires_the_callbacks_pytorch_calls(self):
         torch, changed = fake_torch()
         with mock.patch.dict(sys.modules, {"torch": torch}):
-            alloc = gt.install()
+            alloc = gt.install(oom="null")
             self.assertIs(gt.install(), alloc, "idempotent")
         self.assertEqual(changed, [alloc])
         self.assertEqual(alloc.args, (str(gt.library_path()), "genpool_malloc", "genpool_free"))
@@ -164,11 +164,31 @@ class InstallTest(unittest.TestCase):
         alloc.raw.set_record_stream_fn.assert_called_once_with(addr("genpool_record_stream"))
         self.assertTrue(gt.is_installed())
 
+    def test_oom_raise_uses_the_wrapper(self):
+        torch, changed = fake_torch()
+        with mock.patch.dict(sys.modules, {"torch": torch}), \
+                mock.patch.object(gt, "_oom_shim", return_value=Path("/x/shim.so")) as shim:
+            alloc = gt.install()
+        shim.assert_called_once_with(gt.library_path())
+        self.assertEqual(alloc.args, ("/x/shim.so", "genpool_torch_malloc", "genpool_free"))
+        self.assertEqual(changed, [alloc])
+
+    def test_oom_wrapper_build_failure_is_a_clear_error(self):
+        torch, changed = fake_torch()
+        with mock.patch.dict(sys.modules, {"torch": torch}), \
+                mock.patch.object(gt, "_oom_shim", side_effect=OSError("no c++")):
+            with self.assertRaises(gt.GenpoolInstallError) as ctx:
+                gt.install()
+        self.assertIn("oom='null'", str(ctx.exception))
+        self.assertEqual(changed, [])
+        with self.assertRaises(ValueError):
+            gt.install(oom="ignore")
+
     def test_refusal_by_pytorch_is_a_clear_error(self):
         torch, _ = fake_torch(refuse=True)
         with mock.patch.dict(sys.modules, {"torch": torch}):
             with self.assertRaises(gt.GenpoolInstallError) as ctx:
-                gt.install()
+                gt.install(oom="null")
         self.assertIn("before any CUDA use", str(ctx.exception))
 
     def test_without_torch(self):
