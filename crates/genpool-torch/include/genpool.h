@@ -18,8 +18,9 @@ extern "C" {
 
 /**
  * Allocate `size` bytes on device `device` for use on `stream` (PyTorch's `alloc_fn`). Returns NULL on
- * failure: `size == 0` (no error recorded), an invalid device, out of memory (PyTorch then raises
- * `torch.OutOfMemoryError`); the reason is available from [`genpool_last_error`].
+ * failure: `size == 0` (no error recorded), an invalid device, out of memory; the reason is available
+ * from [`genpool_last_error`]. PyTorch's pluggable hook does not check for NULL: the Python package puts
+ * a small C++ wrapper in front that throws `c10::OutOfMemoryError` instead.
  */
 void *genpool_malloc(size_t size,
                      int device,

@@ -56,8 +56,9 @@ fn stream_id(stream: cudaStream_t) -> u64 {
 }
 
 /// Allocate `size` bytes on device `device` for use on `stream` (PyTorch's `alloc_fn`). Returns NULL on
-/// failure: `size == 0` (no error recorded), an invalid device, out of memory (PyTorch then raises
-/// `torch.OutOfMemoryError`); the reason is available from [`genpool_last_error`].
+/// failure: `size == 0` (no error recorded), an invalid device, out of memory; the reason is available
+/// from [`genpool_last_error`]. PyTorch's pluggable hook does not check for NULL: the Python package puts
+/// a small C++ wrapper in front that throws `c10::OutOfMemoryError` instead.
 #[no_mangle]
 pub extern "C" fn genpool_malloc(size: usize, device: c_int, stream: cudaStream_t) -> *mut c_void {
     guard("genpool_malloc", std::ptr::null_mut(), || {
