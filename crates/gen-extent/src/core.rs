@@ -29,6 +29,8 @@ pub struct ExtentCore {
     by_off: BTreeMap<u64, u64>,
     live: HashMap<u64, u64>,
     live_bytes: u64,
+    /// Lowest-address first fit instead of best fit.
+    pub first_fit: bool,
 }
 
 impl ExtentCore {
@@ -41,6 +43,7 @@ impl ExtentCore {
             by_off: BTreeMap::new(),
             live: HashMap::new(),
             live_bytes: 0,
+            first_fit: std::env::var_os("GENPOOL_FIRST_FIT").is_some(),
         };
         if len > 0 {
             core.insert_free(0, len);
@@ -82,7 +85,14 @@ impl ExtentCore {
     /// extent is large enough (or `size` is 0).
     pub fn alloc(&mut self, size: u64) -> Option<u64> {
         let size = round_size(size)?;
-        let (ext_size, off) = *self.by_size.range((size, 0)..).next()?;
+        let (ext_size, off) = if self.first_fit {
+            self.by_off
+                .iter()
+                .find(|&(_, &s)| s >= size)
+                .map(|(&o, &s)| (s, o))?
+        } else {
+            *self.by_size.range((size, 0)..).next()?
+        };
         self.remove_free(off, ext_size);
         if ext_size > size {
             self.insert_free(off + size, ext_size - size);

@@ -36,7 +36,7 @@ fn setup(limit: Option<u64>) -> (Arc<SimDevice>, Arc<PagePool>) {
         dev.clone() as Arc<dyn Device>,
         PagePoolConfig {
             limit,
-            eager_unmap: false,
+            ..PagePoolConfig::default()
         },
     )
     .unwrap();

@@ -439,8 +439,12 @@ fn reclaim_of_safe_slots_needs_no_synchronize_and_unsafe_chunks_wait() {
 
 #[test]
 fn stress_threads_alloc_here_free_there() {
+    // 256 MiB per class: 4096 slots of the largest class. Blocks in flight between threads, and slots
+    // parked on another stream's list until a migration, can exceed the 1024 of `small_cfg` in a
+    // release build, where the threads interleave differently.
     let f = fixture(SlabConfig {
         max_size: 64 << 10,
+        class_span: 256 * MIB,
         ..small_cfg()
     });
     let slab = Arc::new(f.slab);

@@ -520,6 +520,61 @@ impl StreamCache {
         first_err.map_or(Ok(bytes), Err)
     }
 
+    /// Hand cached blocks to `f(ptr, size)`, largest sizes first, until at least `min_bytes` have been
+    /// handed back (or the cache is empty); the rest stay cached. For memory pressure that needs only
+    /// part of the cache: large blocks free the most pages per block, and the small ones a training loop
+    /// reuses most often stay hot. Each block handed back is safe on every stream the caller may give it
+    /// to: while a single stream has been seen none can be handed to another stream before the cache
+    /// synchronizes the device on the second stream's first appearance, so no device call is made;
+    /// otherwise each stream involved is synchronized once (on failure its blocks stay cached and the
+    /// first error is returned). Returns the bytes handed back. `f` runs with no lock of this cache held.
+    pub fn drain_at_least(
+        &self,
+        min_bytes: u64,
+        f: &mut dyn FnMut(DevicePtr, u64),
+    ) -> Result<u64, DeviceError> {
+        let transition = self.transition.lock();
+        let mut groups = self.extract_all();
+        groups.sort_unstable_by(|a, b| b.size.cmp(&a.size));
+        let mut chosen = Vec::new();
+        let mut bytes = 0u64;
+        for g in groups {
+            if bytes < min_bytes && !g.ptrs.is_empty() {
+                bytes = bytes.saturating_add(g.size.saturating_mul(g.ptrs.len() as u64));
+                chosen.push(g);
+            } else {
+                self.restore(g);
+            }
+        }
+        let mut first_err = None;
+        if self.mode.load(Ordering::Acquire) == MODE_MULTI {
+            let mut streams: Vec<StreamId> = chosen.iter().filter_map(|g| g.stream).collect();
+            streams.sort_unstable();
+            streams.dedup();
+            let mut failed: Vec<StreamId> = Vec::new();
+            for &s in &streams {
+                self.syncs.fetch_add(1, Ordering::Relaxed);
+                if let Err(e) = self.device.stream_synchronize(s) {
+                    self.record_error(e.clone());
+                    first_err.get_or_insert(e);
+                    failed.push(s);
+                }
+            }
+            if !failed.is_empty() {
+                let (keep, back): (Vec<_>, Vec<_>) = chosen
+                    .into_iter()
+                    .partition(|g| !g.stream.is_some_and(|s| failed.contains(&s)));
+                for g in back {
+                    self.restore(g);
+                }
+                chosen = keep;
+            }
+        }
+        drop(transition);
+        let bytes = self.hand_back(chosen, &mut |p, size, _| f(p, size));
+        first_err.map_or(Ok(bytes), Err)
+    }
+
     /// Hand every cached block to `f(ptr, size, stream)` as it is, with no device call: `stream` is
     /// `Some(s)` when work queued on `s` (the stream it was freed on) may still use the block, `None`
     /// when it is idle. The caller must release a `Some(s)` block in `s`'s order (e.g.

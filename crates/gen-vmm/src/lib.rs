@@ -25,7 +25,7 @@
 //! Stealing unmaps memory another stream may still be using for a block freed moments ago, so a steal first
 //! synchronizes the device once per commit (rare: only when the layout changes under memory pressure).
 
-use std::collections::VecDeque;
+use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::Arc;
 
@@ -55,7 +55,9 @@ pub enum VmmError {
     #[error(transparent)]
     Device(#[from] DeviceError),
     /// An offset/length outside the region, or zero length.
-    #[error("range [{offset:#x}, +{len:#x}) is not inside region '{region}' of {region_len:#x} bytes")]
+    #[error(
+        "range [{offset:#x}, +{len:#x}) is not inside region '{region}' of {region_len:#x} bytes"
+    )]
     InvalidRange {
         /// Region name.
         region: &'static str,
@@ -72,10 +74,16 @@ pub enum VmmError {
 }
 
 /// Configuration of a [`PagePool`].
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct PagePoolConfig {
     /// Most bytes of physical pages the pool may hold (`None` = as much as the device gives).
     pub limit: Option<u64>,
+    /// Headroom, as a fraction of the highest number of pages ever in use at once, within which a commit
+    /// that needs a page creates one rather than steal a free page mapped elsewhere. Stealing costs a
+    /// device synchronize and an unmap + map; a little headroom lets a training loop whose layout
+    /// shifts a little from one iteration to the next settle with no driver call at all. 0 = never
+    /// create while a page is free (the tightest memory, the most remapping).
+    pub slack: f64,
     /// Unmap a page as soon as its last reference goes (keeping the handle cached) instead of leaving it
     /// mapped for a cheap revival. Slower; makes use-after-free of device memory fault (tests, debugging).
     pub eager_unmap: bool,
@@ -92,6 +100,8 @@ pub struct PagePoolStats {
     pub pages_peak: u64,
     /// Pages mapped with at least one reference.
     pub pages_in_use: u64,
+    /// Highest `pages_in_use` so far.
+    pub pages_in_use_peak: u64,
     /// Pages mapped with no reference (revivable in place, or stealable).
     pub pages_free_mapped: u64,
     /// Unmapped physical handles kept for reuse.
@@ -137,9 +147,9 @@ struct RegionPages {
 
 struct Inner {
     regions: Vec<Option<RegionPages>>,
-    /// Free-mapped pages, oldest first: (region id, page index, stamp when freed).
-    free_mapped: VecDeque<(u32, u32, u32)>,
-    free_mapped_count: u64,
+    /// Free-mapped pages as (page index, region id). Steals take the highest page index first, so each
+    /// region's low addresses — where its tier packs the working set — stay mapped.
+    free_mapped: BTreeSet<(u32, u32)>,
     free_handles: Vec<PhysHandle>,
     stats: PagePoolStats,
 }
@@ -154,7 +164,10 @@ pub struct PagePool {
 
 impl fmt::Debug for PagePool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PagePool").field("page", &self.page).field("stats", &self.stats()).finish()
+        f.debug_struct("PagePool")
+            .field("page", &self.page)
+            .field("stats", &self.stats())
+            .finish()
     }
 }
 
@@ -172,10 +185,12 @@ impl PagePool {
             cfg,
             inner: Mutex::new(Inner {
                 regions: Vec::new(),
-                free_mapped: VecDeque::new(),
-                free_mapped_count: 0,
+                free_mapped: BTreeSet::new(),
                 free_handles: Vec::new(),
-                stats: PagePoolStats { page_size: page, ..Default::default() },
+                stats: PagePoolStats {
+                    page_size: page,
+                    ..Default::default()
+                },
             }),
         }))
     }
@@ -199,7 +214,7 @@ impl PagePool {
     pub fn stats(&self) -> PagePoolStats {
         let g = self.inner.lock();
         let mut s = g.stats;
-        s.pages_free_mapped = g.free_mapped_count;
+        s.pages_free_mapped = g.free_mapped.len() as u64;
         s.pages_free_unmapped = g.free_handles.len() as u64;
         s
     }
@@ -208,10 +223,10 @@ impl PagePool {
     /// (a free-mapped page may still be in use by work queued before its block was freed). Returns bytes.
     pub fn release_unused(&self) -> Result<u64, VmmError> {
         let mut g = self.inner.lock();
-        if g.free_mapped_count == 0 && g.free_handles.is_empty() {
+        if g.free_mapped.is_empty() && g.free_handles.is_empty() {
             return Ok(0);
         }
-        if g.free_mapped_count > 0 {
+        if !g.free_mapped.is_empty() {
             self.device.synchronize()?;
         }
         let mut released = 0u64;
@@ -233,7 +248,11 @@ impl PagePool {
 
     fn register(&self, name: &'static str, base: DevicePtr, len: u64) -> u32 {
         let mut g = self.inner.lock();
-        let rp = RegionPages { name, base, pages: vec![Page::default(); (len / self.page) as usize] };
+        let rp = RegionPages {
+            name,
+            base,
+            pages: vec![Page::default(); (len / self.page) as usize],
+        };
         if let Some(i) = g.regions.iter().position(Option::is_none) {
             g.regions[i] = Some(rp);
             i as u32
@@ -262,7 +281,10 @@ impl PagePool {
         // Plan: pages that need a physical page mapped under them.
         let need = {
             let r = g.regions[rid as usize].as_ref().expect("registered region");
-            r.pages[first as usize..=last as usize].iter().filter(|p| p.handle.is_none()).count() as u64
+            r.pages[first as usize..=last as usize]
+                .iter()
+                .filter(|p| p.handle.is_none())
+                .count() as u64
         };
         let own_free_mapped = {
             let r = g.regions[rid as usize].as_ref().expect("registered region");
@@ -271,7 +293,7 @@ impl PagePool {
                 .filter(|p| p.refs == 0 && p.handle.is_some())
                 .count() as u64
         };
-        let spare = g.free_handles.len() as u64 + (g.free_mapped_count - own_free_mapped);
+        let spare = g.free_handles.len() as u64 + (g.free_mapped.len() as u64 - own_free_mapped);
         let to_create = need.saturating_sub(spare);
         if to_create > 0 {
             if !grow {
@@ -288,16 +310,19 @@ impl PagePool {
                 }
             }
         }
-        // Steals unmap pages whose last block may have been freed with work still queued: sync once.
-        let steals = need.min(spare).saturating_sub(g.free_handles.len() as u64);
-        if steals > 0 {
-            self.device.synchronize()?;
-        }
+        // Steals unmap pages whose last block may have been freed with work still queued: the first
+        // steal of this commit synchronizes the device once.
+        let mut synced = false;
         // Pass 1: pages already backed (in use, or free-mapped right here) take a reference with no
         // driver call. Doing these first keeps pass 2 from stealing a page this very range will revive.
         let mut unbacked = Vec::new();
         {
-            let Inner { regions, free_mapped_count, stats, .. } = &mut *g;
+            let Inner {
+                regions,
+                free_mapped,
+                stats,
+                ..
+            } = &mut *g;
             let r = regions[rid as usize].as_mut().expect("registered region");
             for pidx in first..=last {
                 let p = &mut r.pages[pidx as usize];
@@ -306,9 +331,10 @@ impl PagePool {
                 } else if p.handle.is_some() {
                     p.refs = 1;
                     p.stamp = p.stamp.wrapping_add(1);
-                    *free_mapped_count -= 1;
+                    free_mapped.remove(&(pidx as u32, rid));
                     stats.revivals += 1;
                     stats.pages_in_use += 1;
+                    stats.pages_in_use_peak = stats.pages_in_use_peak.max(stats.pages_in_use);
                 } else {
                     unbacked.push(pidx as u32);
                 }
@@ -316,7 +342,7 @@ impl PagePool {
         }
         // Pass 2: back the rest.
         for (i, &pidx) in unbacked.iter().enumerate() {
-            if let Err(e) = self.back_page(&mut g, rid, pidx) {
+            if let Err(e) = self.back_page(&mut g, rid, pidx, grow, &mut synced) {
                 // Roll back: every page of the range holds one reference from us, except unbacked[i..].
                 for q in first..=last {
                     let q32 = q as u32;
@@ -331,47 +357,35 @@ impl PagePool {
     }
 
     /// Map a physical page under the unbacked page `pidx` of region `rid` and give it one reference.
-    fn back_page(&self, g: &mut Inner, rid: u32, pidx: u32) -> Result<(), VmmError> {
+    fn back_page(
+        &self,
+        g: &mut Inner,
+        rid: u32,
+        pidx: u32,
+        grow: bool,
+        synced: &mut bool,
+    ) -> Result<(), VmmError> {
         let page = {
             let r = g.regions[rid as usize].as_ref().expect("registered region");
             debug_assert!(r.pages[pidx as usize].handle.is_none());
             r.base + pidx as u64 * self.page
         };
+        // Within the headroom (and the limit), a new page is cheaper than moving one.
+        let headroom = (g.stats.pages_in_use_peak as f64 * (1.0 + self.cfg.slack)).ceil() as u64;
+        let under_limit = self
+            .cfg
+            .limit
+            .is_none_or(|l| (g.stats.pages_held + 1) * self.page <= l);
+        let create_first = grow && g.stats.pages_held < headroom && under_limit;
         let handle = if let Some(h) = g.free_handles.pop() {
             h
-        } else if let Some((orid, opidx)) = pop_free_mapped_excluding(g, rid, pidx) {
-            match self.unmap_page(g, orid, opidx) {
-                Ok(h) => {
-                    g.stats.steals += 1;
-                    h
-                }
-                Err(e) => {
-                    // Still mapped and unused: put it back where it was.
-                    let stamp = g.regions[orid as usize].as_ref().expect("registered").pages
-                        [opidx as usize]
-                        .stamp;
-                    g.free_mapped.push_front((orid, opidx, stamp));
-                    g.free_mapped_count += 1;
-                    return Err(e);
-                }
+        } else if !create_first {
+            match self.steal(g, rid, pidx, synced)? {
+                Some(h) => h,
+                None => self.create(g, false, rid, pidx, synced)?,
             }
         } else {
-            match self.device.phys_create(self.page) {
-                Ok(h) => {
-                    g.stats.creates += 1;
-                    g.stats.pages_held += 1;
-                    g.stats.pages_peak = g.stats.pages_peak.max(g.stats.pages_held);
-                    h
-                }
-                Err(e) if e.is_oom() => {
-                    return Err(VmmError::OutOfMemory {
-                        requested: self.page,
-                        reserved: g.stats.pages_held * self.page,
-                        limit: self.cfg.limit,
-                    })
-                }
-                Err(e) => return Err(e.into()),
-            }
+            self.create(g, true, rid, pidx, synced)?
         };
         if let Err(e) = self.device.map(page, self.page, handle) {
             // Keep the handle cached rather than losing it.
@@ -380,6 +394,7 @@ impl PagePool {
         }
         g.stats.maps += 1;
         g.stats.pages_in_use += 1;
+        g.stats.pages_in_use_peak = g.stats.pages_in_use_peak.max(g.stats.pages_in_use);
         let r = g.regions[rid as usize].as_mut().expect("registered region");
         let p = &mut r.pages[pidx as usize];
         p.refs = 1;
@@ -387,30 +402,104 @@ impl PagePool {
         Ok(())
     }
 
+    /// Unmap the free page with the highest index (never `(rid, pidx)`) and return its handle; `None`
+    /// when no page is free. Synchronizes the device once per commit first.
+    fn steal(
+        &self,
+        g: &mut Inner,
+        rid: u32,
+        pidx: u32,
+        synced: &mut bool,
+    ) -> Result<Option<PhysHandle>, VmmError> {
+        let Some((orid, opidx)) = pop_free_mapped_excluding(g, rid, pidx) else {
+            return Ok(None);
+        };
+        if !*synced {
+            if let Err(e) = self.device.synchronize() {
+                g.free_mapped.insert((opidx, orid));
+                return Err(e.into());
+            }
+            *synced = true;
+        }
+        match self.unmap_page(g, orid, opidx) {
+            Ok(h) => {
+                g.stats.steals += 1;
+                Ok(Some(h))
+            }
+            Err(e) => {
+                // Still mapped and unused: put it back.
+                g.free_mapped.insert((opidx, orid));
+                Err(e)
+            }
+        }
+    }
+
+    /// A new physical page. When the device is out of memory and `then_steal`, fall back to stealing.
+    fn create(
+        &self,
+        g: &mut Inner,
+        then_steal: bool,
+        rid: u32,
+        pidx: u32,
+        synced: &mut bool,
+    ) -> Result<PhysHandle, VmmError> {
+        match self.device.phys_create(self.page) {
+            Ok(h) => {
+                g.stats.creates += 1;
+                g.stats.pages_held += 1;
+                g.stats.pages_peak = g.stats.pages_peak.max(g.stats.pages_held);
+                Ok(h)
+            }
+            Err(e) if e.is_oom() => {
+                if then_steal {
+                    if let Some(h) = self.steal(g, rid, pidx, synced)? {
+                        return Ok(h);
+                    }
+                }
+                Err(VmmError::OutOfMemory {
+                    requested: self.page,
+                    reserved: g.stats.pages_held * self.page,
+                    limit: self.cfg.limit,
+                })
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
     fn decommit_locked(&self, g: &mut Inner, rid: u32, first: u64, last: u64) {
         for pidx in first..=last {
             let r = g.regions[rid as usize].as_mut().expect("registered region");
             let p = &mut r.pages[pidx as usize];
             if p.refs == 0 {
-                debug_assert!(false, "decommit of an uncommitted page in region '{}'", r.name);
-                log::error!("gen-vmm: decommit of an uncommitted page {pidx} in region '{}'", r.name);
+                debug_assert!(
+                    false,
+                    "decommit of an uncommitted page in region '{}'",
+                    r.name
+                );
+                log::error!(
+                    "gen-vmm: decommit of an uncommitted page {pidx} in region '{}'",
+                    r.name
+                );
                 continue;
             }
             p.refs -= 1;
             if p.refs == 0 {
                 g.stats.pages_in_use -= 1;
-                let stamp = p.stamp;
-                g.free_mapped.push_back((rid, pidx as u32, stamp));
-                g.free_mapped_count += 1;
-                if self.cfg.eager_unmap {
+                if !self.cfg.eager_unmap {
+                    g.free_mapped.insert((pidx as u32, rid));
+                } else {
                     // Unmapping needs the page's earlier users to be done.
-                    let res = self.device.synchronize().map_err(VmmError::from).and_then(|_| {
-                        g.free_mapped_count -= 1;
-                        self.unmap_page(g, rid, pidx as u32)
-                    });
+                    let res = self
+                        .device
+                        .synchronize()
+                        .map_err(VmmError::from)
+                        .and_then(|_| self.unmap_page(g, rid, pidx as u32));
                     match res {
                         Ok(h) => g.free_handles.push(h),
-                        Err(e) => log::error!("gen-vmm: eager unmap failed: {e}"),
+                        Err(e) => {
+                            log::error!("gen-vmm: eager unmap failed: {e}");
+                            g.free_mapped.insert((pidx as u32, rid));
+                        }
                     }
                 }
             }
@@ -432,9 +521,12 @@ impl PagePool {
                 continue;
             }
             if p.refs > 0 {
-                log::error!("gen-vmm: region '{}' dropped with page {pidx} still referenced", r.name);
+                log::error!(
+                    "gen-vmm: region '{}' dropped with page {pidx} still referenced",
+                    r.name
+                );
             } else {
-                g.free_mapped_count -= 1;
+                g.free_mapped.remove(&(pidx as u32, rid));
             }
             if !synced {
                 synced = true;
@@ -459,7 +551,7 @@ impl PagePool {
             }
         }
         g.regions[rid as usize] = None;
-        g.free_mapped.retain(|&(r, _, _)| r != rid);
+        g.free_mapped.retain(|&(_, r)| r != rid);
         match first_err {
             Some(e) => Err(e),
             None => Ok(()),
@@ -478,32 +570,19 @@ impl Drop for PagePool {
     }
 }
 
-/// Pop the oldest valid free-mapped page.
+/// Take the free-mapped page with the highest page index (of any region).
 fn pop_free_mapped(g: &mut Inner) -> Option<(u32, u32)> {
-    while let Some((rid, pidx, stamp)) = g.free_mapped.pop_front() {
-        if is_valid_free(g, rid, pidx, stamp) {
-            g.free_mapped_count -= 1;
-            return Some((rid, pidx));
-        }
-    }
-    None
+    g.free_mapped.pop_last().map(|(pidx, rid)| (rid, pidx))
 }
 
-/// Pop the oldest valid free-mapped page that is not `(rid, pidx)` itself.
+/// Take a free-mapped page for a steal; never `(rid, pidx)` itself (an unbacked page is never free).
 fn pop_free_mapped_excluding(g: &mut Inner, rid: u32, pidx: u32) -> Option<(u32, u32)> {
     let (orid, opidx) = pop_free_mapped(g)?;
-    debug_assert!(!(orid == rid && opidx == pidx), "an unbacked page is never free-mapped");
+    debug_assert!(
+        !(orid == rid && opidx == pidx),
+        "an unbacked page is never free-mapped"
+    );
     Some((orid, opidx))
-}
-
-fn is_valid_free(g: &Inner, rid: u32, pidx: u32, stamp: u32) -> bool {
-    match g.regions.get(rid as usize) {
-        Some(Some(r)) => {
-            let p = &r.pages[pidx as usize];
-            p.refs == 0 && p.handle.is_some() && p.stamp == stamp
-        }
-        _ => false,
-    }
 }
 
 /// A reserved range of device virtual addresses whose pages are mapped on demand from a [`PagePool`].
@@ -530,17 +609,31 @@ impl Region {
     pub fn new(pool: &Arc<PagePool>, len: u64, name: &'static str) -> Result<Self, VmmError> {
         let page = pool.page;
         if len == 0 {
-            return Err(VmmError::InvalidRange { region: name, offset: 0, len: 0, region_len: 0 });
+            return Err(VmmError::InvalidRange {
+                region: name,
+                offset: 0,
+                len: 0,
+                region_len: 0,
+            });
         }
-        let len = len.div_ceil(page).checked_mul(page).ok_or(VmmError::InvalidRange {
-            region: name,
-            offset: 0,
-            len,
-            region_len: 0,
-        })?;
+        let len = len
+            .div_ceil(page)
+            .checked_mul(page)
+            .ok_or(VmmError::InvalidRange {
+                region: name,
+                offset: 0,
+                len,
+                region_len: 0,
+            })?;
         let base = pool.device.va_reserve(len, page)?;
         let id = pool.register(name, base, len);
-        Ok(Region { pool: pool.clone(), id, name, base, len })
+        Ok(Region {
+            pool: pool.clone(),
+            id,
+            name,
+            base,
+            len,
+        })
     }
 
     /// First address of the region.
@@ -580,7 +673,12 @@ impl Region {
             Some(end) if len > 0 && end <= self.len => {
                 Ok((offset / self.pool.page, (end - 1) / self.pool.page))
             }
-            _ => Err(VmmError::InvalidRange { region: self.name, offset, len, region_len: self.len }),
+            _ => Err(VmmError::InvalidRange {
+                region: self.name,
+                offset,
+                len,
+                region_len: self.len,
+            }),
         }
     }
 
@@ -610,15 +708,21 @@ impl Region {
     /// Bytes of pages of this region with at least one reference.
     pub fn committed_bytes(&self) -> u64 {
         let g = self.pool.inner.lock();
-        let r = g.regions[self.id as usize].as_ref().expect("registered region");
+        let r = g.regions[self.id as usize]
+            .as_ref()
+            .expect("registered region");
         r.pages.iter().filter(|p| p.refs > 0).count() as u64 * self.pool.page
     }
 
     /// References held on the page containing `offset` (tests and invariant checks).
     pub fn page_refs(&self, offset: u64) -> u32 {
         let g = self.pool.inner.lock();
-        let r = g.regions[self.id as usize].as_ref().expect("registered region");
-        r.pages.get((offset / self.pool.page) as usize).map_or(0, |p| p.refs)
+        let r = g.regions[self.id as usize]
+            .as_ref()
+            .expect("registered region");
+        r.pages
+            .get((offset / self.pool.page) as usize)
+            .map_or(0, |p| p.refs)
     }
 }
 

@@ -26,7 +26,11 @@ fn neighbours_share_boundary_pages() {
     }
     assert_eq!(r.committed_bytes(), 5 * PAGE);
     assert_eq!(pool.stats().pages_held, 5);
-    assert_eq!(r.page_refs(2 * MIB), 2, "page 1 is touched by blocks 0 and 1");
+    assert_eq!(
+        r.page_refs(2 * MIB),
+        2,
+        "page 1 is touched by blocks 0 and 1"
+    );
     r.decommit(3 * MIB, 3 * MIB);
     // Page 2 ([4, 6) MiB) was touched only by the middle block; pages 0-1 and 3-4 stay.
     assert_eq!(r.committed_bytes(), 4 * PAGE);
@@ -35,7 +39,10 @@ fn neighbours_share_boundary_pages() {
     assert_eq!(r.committed_bytes(), 0);
     // Lazily kept: still held, free-mapped.
     let s = pool.stats();
-    assert_eq!((s.pages_held, s.pages_free_mapped, s.pages_in_use), (5, 5, 0));
+    assert_eq!(
+        (s.pages_held, s.pages_free_mapped, s.pages_in_use),
+        (5, 5, 0)
+    );
 }
 
 #[test]
@@ -69,8 +76,15 @@ fn steals_before_growing_and_would_grow_reports() {
     assert_eq!((s.pages_held, s.steals, s.creates), (4, 4, 4));
     assert_eq!(dev.calls().get(CallKind::PhysCreate), 4);
     // One more page is needed and none is spare.
-    assert_eq!(b.commit(8 * MIB, 1, false), Err(VmmError::WouldGrow { pages: 1 }));
-    assert_eq!(b.committed_bytes(), 8 * MIB, "a failed commit changes nothing");
+    assert_eq!(
+        b.commit(8 * MIB, 1, false),
+        Err(VmmError::WouldGrow { pages: 1 })
+    );
+    assert_eq!(
+        b.committed_bytes(),
+        8 * MIB,
+        "a failed commit changes nothing"
+    );
     b.commit(8 * MIB, 1, true).unwrap();
     assert_eq!(pool.stats().pages_peak, 5);
 }
@@ -78,11 +92,20 @@ fn steals_before_growing_and_would_grow_reports() {
 #[test]
 fn limit_and_device_oom_are_clean_errors() {
     let dev = Arc::new(SimDevice::config().capacity(16 * MIB).build().unwrap());
-    let pool = pool_with(&dev, PagePoolConfig { limit: Some(8 * MIB), ..Default::default() });
+    let pool = pool_with(
+        &dev,
+        PagePoolConfig {
+            limit: Some(8 * MIB),
+            ..Default::default()
+        },
+    );
     let r = Region::new(&pool, 64 * MIB, "t").unwrap();
     r.commit(0, 6 * MIB, true).unwrap();
     let e = r.commit(6 * MIB, 4 * MIB, true).unwrap_err();
-    assert!(matches!(e, VmmError::OutOfMemory { limit: Some(_), .. }), "{e:?}");
+    assert!(
+        matches!(e, VmmError::OutOfMemory { limit: Some(_), .. }),
+        "{e:?}"
+    );
     assert_eq!(r.committed_bytes(), 6 * MIB);
     // Device exhaustion (no pool limit): partial progress is rolled back.
     let pool2 = pool_with(&dev, PagePoolConfig::default());
@@ -103,10 +126,22 @@ fn invalid_ranges_are_errors() {
     let dev = Arc::new(SimDevice::new());
     let pool = pool_with(&dev, PagePoolConfig::default());
     let r = Region::new(&pool, 4 * MIB, "t").unwrap();
-    assert!(matches!(r.commit(0, 0, true), Err(VmmError::InvalidRange { .. })));
-    assert!(matches!(r.commit(3 * MIB, 2 * MIB, true), Err(VmmError::InvalidRange { .. })));
-    assert!(matches!(r.commit(u64::MAX, 2, true), Err(VmmError::InvalidRange { .. })));
-    assert!(matches!(Region::new(&pool, 0, "z"), Err(VmmError::InvalidRange { .. })));
+    assert!(matches!(
+        r.commit(0, 0, true),
+        Err(VmmError::InvalidRange { .. })
+    ));
+    assert!(matches!(
+        r.commit(3 * MIB, 2 * MIB, true),
+        Err(VmmError::InvalidRange { .. })
+    ));
+    assert!(matches!(
+        r.commit(u64::MAX, 2, true),
+        Err(VmmError::InvalidRange { .. })
+    ));
+    assert!(matches!(
+        Region::new(&pool, 0, "z"),
+        Err(VmmError::InvalidRange { .. })
+    ));
 }
 
 #[test]
@@ -118,7 +153,11 @@ fn injected_map_failure_rolls_back_and_keeps_the_handle() {
     dev.fail_next(CallKind::Map);
     let e = r.commit(0, 6 * MIB, true).unwrap_err();
     assert!(matches!(e, VmmError::Device(_)), "{e:?}");
-    assert_eq!(r.page_refs(0), 1, "the pre-existing reference survives the rollback");
+    assert_eq!(
+        r.page_refs(0),
+        1,
+        "the pre-existing reference survives the rollback"
+    );
     assert_eq!(r.committed_bytes(), 2 * MIB);
     r.commit(0, 6 * MIB, true).unwrap();
     assert_eq!(r.committed_bytes(), 6 * MIB);
@@ -143,18 +182,34 @@ fn dropping_regions_returns_everything() {
 #[test]
 fn eager_unmap_faults_use_after_free() {
     let dev = Arc::new(SimDevice::config().backed(true).build().unwrap());
-    let pool = pool_with(&dev, PagePoolConfig { eager_unmap: true, ..Default::default() });
+    let pool = pool_with(
+        &dev,
+        PagePoolConfig {
+            eager_unmap: true,
+            ..Default::default()
+        },
+    );
     let r = Region::new(&pool, 64 * MIB, "t").unwrap();
     r.commit(0, 4 * MIB, true).unwrap();
     dev.write(r.base(), &[7; 16]).unwrap();
     r.decommit(0, 4 * MIB);
-    assert!(dev.write(r.base(), &[7; 16]).is_err(), "unmapped memory must fault");
+    assert!(
+        dev.write(r.base(), &[7; 16]).is_err(),
+        "unmapped memory must fault"
+    );
 }
 
 #[derive(Debug, Clone)]
 enum Op {
-    Commit { region: usize, offset: u64, len: u64, grow: bool },
-    Decommit { idx: usize },
+    Commit {
+        region: usize,
+        offset: u64,
+        len: u64,
+        grow: bool,
+    },
+    Decommit {
+        idx: usize,
+    },
     Release,
 }
 

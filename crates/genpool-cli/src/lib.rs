@@ -24,9 +24,9 @@ pub const EMBEDDED_TRACE: &[u8] = include_bytes!("../data/resnet50_train.csv.gz"
 pub const EMBEDDED_NAME: &str = "resnet50_train";
 
 /// Allocators `--allocator` accepts.
-pub const KNOWN_ALLOCATORS: &[&str] = &["bfc", "buddy"];
+pub const KNOWN_ALLOCATORS: &[&str] = &["genpool", "genpool-single", "bfc", "buddy"];
 /// Allocators replayed when no `--allocator` is given.
-pub const DEFAULT_ALLOCATORS: &[&str] = &["bfc", "buddy"];
+pub const DEFAULT_ALLOCATORS: &[&str] = &["genpool"];
 
 /// Where device memory comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -74,7 +74,9 @@ pub struct ReplayArgs {
     /// Withhold call sites from the allocator (as PyTorch's pluggable-allocator hook does).
     #[arg(long)]
     pub ignore_site: bool,
-    /// Allocator to replay through; repeat for several [default: bfc, buddy].
+    /// Allocator to replay through; repeat for several [default: genpool]. `genpool-single` is the engine
+    /// with lifetime routing off (a baseline); `bfc` and `buddy` are host-only reference allocators.
+    /// The engine reads its configuration from `GENPOOL_CONF` (`key:value,...`).
     #[arg(long = "allocator", value_name = "NAME")]
     pub allocators: Vec<String>,
 }
@@ -134,14 +136,59 @@ pub fn make_allocator(
     name: &str,
     device: DeviceKind,
 ) -> Result<Box<dyn ReplayAllocator>, CliError> {
-    // The reference allocators are host-only address arithmetic: the device does not matter to them.
-    let _ = device;
     match name {
+        "genpool" | "genpool-single" => {
+            let mut cfg = genpool::Config::from_env().map_err(|e| CliError::Allocator {
+                name: name.to_owned(),
+                message: format!("GENPOOL_CONF: {e}"),
+            })?;
+            if name == "genpool-single" {
+                cfg.routing = genpool::Routing::Single;
+            }
+            let dev = open_device(device).map_err(|e| CliError::Allocator {
+                name: name.to_owned(),
+                message: e.to_string(),
+            })?;
+            let pool = genpool::Pool::new(dev, cfg).map_err(|e| CliError::Allocator {
+                name: name.to_owned(),
+                message: e.to_string(),
+            })?;
+            Ok(Box::new(genpool::replay::EngineReplay::new(pool, name)))
+        }
+        // The reference allocators are host-only address arithmetic: the device does not matter to them.
         "bfc" => Ok(Box::new(Bfc::default())),
         "buddy" => Ok(Box::new(Buddy::default())),
         _ => Err(CliError::UnknownAllocator {
             name: name.to_owned(),
         }),
+    }
+}
+
+/// Memory of the simulated device: an H200's, so that every real trace fits as it did there.
+const SIM_CAPACITY: u64 = 141 << 30;
+
+/// Open device 0 of `kind`; `Auto` falls back to the simulated device when CUDA is absent.
+fn open_device(
+    kind: DeviceKind,
+) -> Result<std::sync::Arc<dyn gen_device::Device>, gen_device::DeviceError> {
+    let sim = || -> Result<std::sync::Arc<dyn gen_device::Device>, gen_device::DeviceError> {
+        Ok(std::sync::Arc::new(
+            gen_device::sim::SimConfig::new()
+                .capacity(SIM_CAPACITY)
+                .build()?,
+        ))
+    };
+    match kind {
+        DeviceKind::Sim => sim(),
+        DeviceKind::Cuda => gen_device::open(gen_device::DeviceKind::Cuda, 0),
+        DeviceKind::Auto => match gen_device::open(gen_device::DeviceKind::Cuda, 0) {
+            Ok(d) => Ok(d),
+            Err(gen_device::DeviceError::NoDriver(why)) => {
+                eprintln!("genpool: no CUDA device ({why}); replaying on the simulated device");
+                sim()
+            }
+            Err(e) => Err(e),
+        },
     }
 }
 
@@ -362,7 +409,7 @@ mod tests {
         assert_eq!(e.exit_code(), 2);
         assert_eq!(
             e.to_string(),
-            "unknown allocator `tlsf` (known: bfc, buddy)"
+            "unknown allocator `tlsf` (known: genpool, genpool-single, bfc, buddy)"
         );
     }
 

@@ -57,6 +57,7 @@ pub const VALID_KEYS: &[&str] = &[
     "use_site",
     "short_horizon",
     "mid_horizon",
+    "page_slack",
 ];
 
 /// Engine configuration. `Config::default()` is the tuned default; see docs/ARCHITECTURE.md.
@@ -72,7 +73,10 @@ pub struct Config {
     pub limit: Option<u64>,
     /// Unmap pages as soon as they are unused (debugging use-after-free; slower).
     pub eager_unmap: bool,
-    /// Bound on bytes held in the stream-ordered front caches (0 = unbounded; pressure still drains them).
+    /// Bound on bytes held in the exact-size stream-ordered front caches of the extent arena and the buddy
+    /// (0 = no front cache: freed blocks go straight back to their tier). Off by default: cached blocks
+    /// keep their pages, and on the shared traces a cache cost more in fragmentation and page moves
+    /// than it saved (docs/BENCHMARKS.md).
     pub cache_max_bytes: u64,
     /// Release threshold of the mid tier's driver pool.
     pub pool_release_threshold: u64,
@@ -82,6 +86,9 @@ pub struct Config {
     pub short_horizon: u64,
     /// Classifier: allocations after which a live block is no longer mid-lived (0 = classifier default).
     pub mid_horizon: u64,
+    /// Page headroom over the peak of pages in use within which a new page is created rather than one
+    /// moved from another address (see `gen_vmm::PagePoolConfig::slack`).
+    pub page_slack: f64,
 }
 
 impl Default for Config {
@@ -97,6 +104,7 @@ impl Default for Config {
             use_site: true,
             short_horizon: 0,
             mid_horizon: 0,
+            page_slack: 0.0,
         }
     }
 }
@@ -199,6 +207,15 @@ impl Config {
                 self.mid_horizon = value
                     .parse()
                     .map_err(|_| bad("expected an integer".into()))?
+            }
+            "page_slack" => {
+                let v: f64 = value
+                    .parse()
+                    .map_err(|_| bad("expected a fraction, e.g. 0.01".into()))?;
+                if !(0.0..=1.0).contains(&v) {
+                    return Err(bad("must be between 0 and 1".into()));
+                }
+                self.page_slack = v;
             }
             _ => {
                 return Err(ConfigError::UnknownKey {

@@ -1,6 +1,6 @@
 //! The engine: classify, route, serve from a tier's cache or the tier, and keep the books.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, Ordering::Relaxed};
 use std::sync::Arc;
 
 use gen_buddy::{Buddy, BuddyConfig, BuddyError};
@@ -105,7 +105,16 @@ pub struct Pool {
     retries: AtomicU64,
     invalid_frees: AtomicU64,
     max_size: u64,
+    /// Whether freed extent and buddy blocks go through the exact-size stream caches by configuration.
+    caching: bool,
+    /// The one stream seen so far (`NO_STREAM` before the first).
+    solo_stream: AtomicU64,
+    /// A second stream has been seen: extent and buddy frees then go through the stream caches, whose
+    /// event-guarded migration keeps a block freed on S from reaching T before S's work is done.
+    multi_stream: AtomicBool,
 }
+
+const NO_STREAM: u64 = u64::MAX;
 
 impl std::fmt::Debug for Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -125,7 +134,7 @@ fn tier_err(e: impl std::fmt::Display) -> GenpoolError {
 
 /// The outcome of one tier attempt, normalised across tiers.
 enum Attempt {
-    Ok(u64),
+    Ok(u64, Tier),
     WouldGrow,
     Oom,
     Err(GenpoolError),
@@ -152,6 +161,7 @@ impl Pool {
             PagePoolConfig {
                 limit: cfg.limit,
                 eager_unmap: cfg.eager_unmap,
+                slack: cfg.page_slack,
             },
         )
         .map_err(|e| match e {
@@ -222,6 +232,9 @@ impl Pool {
             extent_cache: StreamCache::new(device.clone(), cache_cfg.clone()),
             buddy_cache: StreamCache::new(device.clone(), cache_cfg),
             max_size: props.total_mem,
+            caching: cfg.cache_max_bytes > 0,
+            solo_stream: AtomicU64::new(NO_STREAM),
+            multi_stream: AtomicBool::new(false),
             device,
             cfg,
             pages,
@@ -255,6 +268,43 @@ impl Pool {
     /// The classifier (for its confusion matrix and statistics).
     pub fn classifier(&self) -> &Classifier {
         &self.classifier
+    }
+
+    /// Track the streams seen. While one stream has been seen, a free may go straight back to its tier:
+    /// only that stream can reuse the block, and stream order makes that safe. The first time a second
+    /// stream shows up, the flag is raised first and the device synchronized once, so every free that
+    /// went straight back before (its work was queued before it) is complete before any block can reach
+    /// the new stream.
+    #[inline]
+    fn note_stream(&self, stream: StreamId) {
+        if self.multi_stream.load(Ordering::Acquire) {
+            return;
+        }
+        let solo = self.solo_stream.load(Relaxed);
+        if solo == stream {
+            return;
+        }
+        if solo == NO_STREAM
+            && self
+                .solo_stream
+                .compare_exchange(NO_STREAM, stream, Ordering::AcqRel, Relaxed)
+                .is_ok()
+        {
+            return;
+        }
+        if self.solo_stream.load(Relaxed) != stream
+            && !self.multi_stream.swap(true, Ordering::SeqCst)
+        {
+            if let Err(e) = self.device.synchronize() {
+                log::error!("genpool: synchronize on a second stream's first use: {e}");
+            }
+        }
+    }
+
+    /// Whether freed extent/buddy blocks go through the stream caches now.
+    #[inline]
+    fn caching_now(&self) -> bool {
+        self.caching || self.multi_stream.load(Ordering::SeqCst)
     }
 
     fn route(&self, size: u64, class: Lifetime) -> Tier {
@@ -298,6 +348,7 @@ impl Pool {
             });
         }
         let size = size.div_ceil(ALIGN) * ALIGN;
+        self.note_stream(stream);
         let features = Features {
             size,
             stream,
@@ -307,8 +358,8 @@ impl Pool {
         };
         let stamp = self.classifier.on_alloc(&features);
         let tier = self.route(size, stamp.predicted());
-        let ptr = match self.alloc_in(tier, size, stream) {
-            Ok(p) => p,
+        let (ptr, tier) = match self.alloc_in(tier, size, stream) {
+            Ok(pt) => pt,
             Err(e) => {
                 // The classifier advanced its clocks for an allocation that never happened: score it
                 // as an immediate free so its books stay balanced.
@@ -327,54 +378,112 @@ impl Pool {
         Ok(Block { ptr, size, tier })
     }
 
-    fn alloc_in(&self, tier: Tier, size: u64, stream: StreamId) -> Result<u64> {
+    fn alloc_in(&self, tier: Tier, size: u64, stream: StreamId) -> Result<(u64, Tier)> {
         // Hot path: a cached block of exactly this size, safe on this stream.
         let cached = match tier {
+            _ if !self.caching_now() => None,
             Tier::Extent => self.extent_cache.take(size, stream),
             Tier::Buddy => self.buddy_cache.take(size, stream),
             _ => None,
         };
         if let Some(p) = cached {
-            return Ok(p);
+            return Ok((p, tier));
         }
-        // 1. without growing the page pool; 2. after giving cached blocks back; 3. growing;
-        // 4. after releasing everything, once more; then out of memory.
+        // 1. Without growing the page pool: pages that are free (mapped elsewhere) are moved first.
         match self.attempt(tier, size, stream, false) {
-            Attempt::Ok(p) => return Ok(p),
+            Attempt::Ok(p, t) => return Ok((p, t)),
             Attempt::Err(e) => return Err(e),
             Attempt::WouldGrow | Attempt::Oom => {}
         }
-        self.relieve(false);
+        // 2. Give cached blocks back to their tiers, largest first, a growing amount at a time, so that
+        //    their pages can serve this request; stop as soon as it fits. A partial drain keeps the
+        //    small, hot sizes cached and the layout of the rest stable (no page churn).
+        let mut want = size.max(self.pages.page_size());
+        loop {
+            let cached = self.extent_cache.cached_bytes() + self.buddy_cache.cached_bytes();
+            if cached == 0 {
+                break;
+            }
+            if self.drain_caches(want) == 0 {
+                // What is cached cannot be made safe now (its streams are busy): grow instead.
+                break;
+            }
+            match self.attempt(tier, size, stream, false) {
+                Attempt::Ok(p, t) => return Ok((p, t)),
+                Attempt::Err(e) => return Err(e),
+                Attempt::WouldGrow | Attempt::Oom => want = want.saturating_mul(2),
+            }
+        }
+        // 3. Empty slab chunks, then grow.
+        if let Err(e) = self.slab.reclaim() {
+            log::error!("genpool: slab reclaim: {e}");
+        }
         for grow in [false, true] {
             match self.attempt(tier, size, stream, grow) {
-                Attempt::Ok(p) => return Ok(p),
+                Attempt::Ok(p, t) => return Ok((p, t)),
                 Attempt::Err(e) => return Err(e),
                 Attempt::WouldGrow => continue,
                 Attempt::Oom => break,
             }
         }
+        // 4. Release everything releasable and retry once; then out of memory.
         self.retries.fetch_add(1, Relaxed);
         self.relieve(true);
         match self.attempt(tier, size, stream, true) {
-            Attempt::Ok(p) => Ok(p),
+            Attempt::Ok(p, t) => Ok((p, t)),
             Attempt::Err(e) => Err(e),
             Attempt::WouldGrow | Attempt::Oom => {
                 self.ooms.fetch_add(1, Relaxed);
+                // The failed attempt may have created pages before it ran out; give them back so the
+                // rest of the process (cuBLAS workspaces, NCCL, ...) can still use the memory.
+                if let Err(e) = self.pages.release_unused() {
+                    log::error!("genpool: releasing unused pages after out-of-memory: {e}");
+                }
                 Err(GenpoolError::OutOfMemory(Box::new(self.oom_report(size))))
             }
         }
     }
 
+    /// Return at least `bytes` of cached blocks (largest first) to their tiers, the extent arena's
+    /// first. Returns the bytes returned.
+    fn drain_caches(&self, bytes: u64) -> u64 {
+        let mut done = 0u64;
+        let caches: [(&StreamCache, &dyn Fn(u64)); 2] = [
+            (&self.extent_cache, &|p| {
+                if let Err(e) = self.extent.free(p) {
+                    log::error!("genpool: returning a cached block to the extent arena: {e}");
+                }
+            }),
+            (&self.buddy_cache, &|p| {
+                if let Err(e) = self.buddy.free(p) {
+                    log::error!("genpool: returning a cached block to the buddy: {e}");
+                }
+            }),
+        ];
+        for (cache, free) in caches {
+            if done >= bytes {
+                break;
+            }
+            match cache.drain_at_least(bytes - done, &mut |p, _| free(p)) {
+                Ok(n) => done += n,
+                Err(e) => log::error!("genpool: draining a stream cache: {e}"),
+            }
+        }
+        done
+    }
+
     fn attempt(&self, tier: Tier, size: u64, stream: StreamId, grow: bool) -> Attempt {
         match tier {
             Tier::Slab => match self.slab.alloc(size, stream, grow) {
-                Ok(p) => Attempt::Ok(p),
+                Ok(p) => Attempt::Ok(p, Tier::Slab),
                 Err(SlabError::WouldGrow { .. }) => Attempt::WouldGrow,
                 Err(SlabError::Vmm(e)) => e.into(),
+                // A size class out of address space: the extent arena serves any size.
+                Err(SlabError::ClassFull { .. }) => self.attempt(Tier::Extent, size, stream, grow),
                 Err(e) => Attempt::Err(tier_err(e)),
             },
             Tier::Extent => match self.extent.alloc(size, grow) {
-                Ok(p) => Attempt::Ok(p),
+                Ok(p) => Attempt::Ok(p, Tier::Extent),
                 Err(ExtentError::WouldGrow { .. }) => Attempt::WouldGrow,
                 Err(ExtentError::Vmm(e)) => e.into(),
                 Err(e @ ExtentError::OutOfAddressSpace { .. }) => {
@@ -384,7 +493,7 @@ impl Pool {
                 Err(e) => Attempt::Err(tier_err(e)),
             },
             Tier::Buddy => match self.buddy.alloc(size, grow) {
-                Ok(p) => Attempt::Ok(p),
+                Ok(p) => Attempt::Ok(p, Tier::Buddy),
                 Err(BuddyError::WouldGrow { .. }) => Attempt::WouldGrow,
                 Err(BuddyError::Vmm(e)) => e.into(),
                 Err(e) => Attempt::Err(tier_err(e)),
@@ -395,7 +504,7 @@ impl Pool {
                     .as_ref()
                     .expect("stream tier routed only when present");
                 match sp.alloc(size, stream) {
-                    Ok(p) => Attempt::Ok(p),
+                    Ok(p) => Attempt::Ok(p, Tier::Stream),
                     Err(gen_stream::StreamError::Device(d)) if d.is_oom() => Attempt::Oom,
                     Err(e) => Attempt::Err(tier_err(e)),
                 }
@@ -403,7 +512,8 @@ impl Pool {
         }
     }
 
-    /// Give cached memory back. `hard`: also trim the driver pool and release unused pages.
+    /// Give back everything cached: blocks to their tiers (streams synchronized as needed), empty slab
+    /// chunks, the driver pool's spare memory, empty regions, and unused pages to the driver.
     fn relieve(&self, hard: bool) {
         let drain = |cache: &StreamCache, free: &dyn Fn(u64)| {
             if let Err(e) = cache.drain(&mut |p, _| free(p)) {
@@ -466,6 +576,7 @@ impl Pool {
             }
         };
         let size = meta.size;
+        self.note_stream(stream);
         self.classifier.on_free(&meta.stamp, size);
         let res = match meta.tier {
             Tier::Slab => self.slab.free(ptr, stream).map(|_| ()).map_err(tier_err),
@@ -504,6 +615,9 @@ impl Pool {
         stream: StreamId,
         free: impl FnOnce(u64) -> Result<()>,
     ) -> Result<()> {
+        if !self.caching_now() {
+            return free(ptr);
+        }
         match cache.put(ptr, size, stream) {
             Ok(()) => Ok(()),
             Err(_) => free(ptr),
@@ -542,6 +656,11 @@ impl Pool {
             .and_then(|s| s.stats().pool)
             .map_or(0, |u| u.reserved_high);
         self.pages.stats().bytes_peak() + pool
+    }
+
+    /// Counters of the extent arena's and the buddy's front caches.
+    pub fn cache_stats(&self) -> [gen_stream::StreamCacheStats; 2] {
+        [self.extent_cache.stats(), self.buddy_cache.stats()]
     }
 
     /// Bytes live (allocated and not freed).
