@@ -35,7 +35,15 @@ fn json_lines(o: &Output) -> Vec<serde_json::Value> {
 
 #[test]
 fn embedded_trace_table() {
-    let o = genpool(&["replay", "--passes", "2"]);
+    let o = genpool(&[
+        "replay",
+        "--passes",
+        "2",
+        "--allocator",
+        "bfc",
+        "--allocator",
+        "buddy",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
     assert!(
@@ -125,7 +133,16 @@ fn every_shared_trace_replays() {
         args.extend(["--passes", "1", "--allocator", "buddy"]);
         1
     } else {
-        args.extend(["--passes", "2"]);
+        args.extend([
+            "--passes",
+            "2",
+            "--device",
+            "sim",
+            "--allocator",
+            "genpool",
+            "--allocator",
+            "bfc",
+        ]);
         2
     };
     args.extend(files.iter().map(String::as_str));
@@ -232,7 +249,7 @@ fn usage_errors() {
     assert_eq!(o.status.code(), Some(2));
     assert_eq!(
         stderr(&o),
-        "genpool: unknown allocator `nope` (known: bfc, buddy)\n"
+        "genpool: unknown allocator `nope` (known: genpool, genpool-single, bfc, buddy)\n"
     );
     let o = genpool(&["replay", "--passes", "0"]);
     assert_eq!(o.status.code(), Some(2));
@@ -244,4 +261,20 @@ fn usage_errors() {
     let o = genpool(&["--help"]);
     assert_eq!(o.status.code(), Some(0));
     assert!(stdout(&o).contains("replay"));
+}
+
+/// The main job of the README: with no arguments, the embedded trace through the engine.
+#[test]
+fn default_replays_the_engine_on_the_embedded_trace() {
+    let o = genpool(&["replay", "--device", "sim", "--passes", "2", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows = json_lines(&o);
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["allocator"], "genpool");
+    assert_eq!(rows[0]["trace"], "resnet50_train");
+    let ratio = rows[0]["ratio"].as_f64().unwrap();
+    assert!((1.0..1.10).contains(&ratio), "ratio {ratio}");
+    let tiers = rows[0]["tiers"].as_array().unwrap();
+    assert_eq!(tiers.len(), 4);
+    assert!(rows[0]["classifier"]["accuracy_count"].as_f64().unwrap() > 0.5);
 }
