@@ -12,9 +12,9 @@ traces=("$G"/shared/traces/*.csv.gz)
 passes=${PASSES:-3}
 reps=${REPS:-3}
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; python3 -c 'import torch; print("torch", torch.__version__)'; } > "$OUT/machine.txt" 2>&1
-timeout 240 "$G"/bin/genpool replay "${traces[@]}" --device cuda --passes "$passes" --json > "$OUT/genpool.jsonl" 2> "$OUT/genpool.err"
-timeout 120 "$G"/bin/genpool replay "${traces[@]}" --device cuda --passes 2 --json --ignore-site > "$OUT/genpool_nosite.jsonl" 2>> "$OUT/genpool.err"
-timeout 300 python3 "$G"/shared/anchors/torch_replay.py "${traces[@]}" --modes native,expandable,async --reps "$reps" > "$OUT/torch.jsonl" 2> "$OUT/torch.err"
+timeout "${T_GENPOOL:-240}" "$G"/bin/genpool replay "${traces[@]}" --device cuda --passes "$passes" --json > "$OUT/genpool.jsonl" 2> "$OUT/genpool.err"
+[ "${NOSITE:-1}" = 1 ] && timeout 120 "$G"/bin/genpool replay "${traces[@]}" --device cuda --passes 2 --json --ignore-site > "$OUT/genpool_nosite.jsonl" 2>> "$OUT/genpool.err"
+timeout "${T_TORCH:-300}" python3 "$G"/shared/anchors/torch_replay.py "${traces[@]}" --modes native,expandable,async --reps "$reps" > "$OUT/torch.jsonl" 2> "$OUT/torch.err"
 if ls "$G"/wheels/*.whl > /dev/null 2>&1 && [ "${RMM:-1}" = 1 ]; then
   pip install -q --no-index --no-deps --target /tmp/rmm "$G"/wheels/*.whl > "$OUT/rmm_install.log" 2>&1
   PYTHONPATH=/tmp/rmm timeout "${RMM_TIMEOUT:-240}" python3 "$G"/shared/anchors/torch_replay.py "${traces[@]}" --modes rmm-pool,rmm-arena --reps "$reps" > "$OUT/rmm.jsonl" 2> "$OUT/rmm.err"
