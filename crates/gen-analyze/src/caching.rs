@@ -1,0 +1,294 @@
+//! A host simulation of PyTorch's `CUDACachingAllocator` (the "native" allocator), with and without
+//! `expandable_segments:True`. Pure address arithmetic over simulated segments; nothing is dereferenced.
+//!
+//! Policies simulated (PyTorch 2.x defaults: no `max_split_size_mb`, no `roundup_power2_divisions`,
+//! no garbage-collection threshold, memory never short, so cached segments are never released):
+//!
+//! - Requests are rounded up to 512 B ([`ROUND`]); a rounded size ≤ 1 MiB ([`SMALL_SIZE`]) goes to the
+//!   *small* pool, anything larger to the *large* pool. Pools never lend to each other.
+//! - A request is served by the best-fitting free block of its pool *on its stream*: the smallest free
+//!   block of at least the rounded size, lowest address among equals.
+//! - **Native**: with no fitting block a new segment is taken from the driver (`cudaMalloc`):
+//!   2 MiB for small requests, 20 MiB for large ones under 10 MiB ([`MIN_LARGE_ALLOC`]), else the request
+//!   rounded up to 2 MiB. A block is split when the rest is ≥ 512 B (small pool) or > 1 MiB (large
+//!   pool); freed blocks merge with free neighbours of the same segment. Segments are never freed.
+//! - **Expandable segments**: each (stream, pool) owns one segment of virtual address space that is
+//!   mapped from its start in pages of 2 MiB (small pool) or 20 MiB (large pool). With no fitting free
+//!   block, the request is placed at the end of the mapped range (starting inside the last block when
+//!   that one is free) and just enough pages are mapped to cover it. Blocks split when the rest is
+//!   ≥ 512 B, in both pools. Pages are never unmapped (PyTorch unmaps only on `empty_cache` or when out
+//!   of memory).
+//!
+//! Reserved bytes are the sum of segment sizes (native) or of mapped pages (expandable), as
+//! `torch.cuda.max_memory_reserved()` counts them.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use gen_trace::{ReplayAllocator, ReplayError};
+
+/// Rounding of every request and the smallest block (`kMinBlockSize`).
+pub const ROUND: u64 = 512;
+/// Largest request of the small pool (`kSmallSize`, 1 MiB).
+pub const SMALL_SIZE: u64 = 1 << 20;
+/// Segment size of the small pool (`kSmallBuffer`, 2 MiB); also the expandable small-pool page.
+pub const SMALL_BUFFER: u64 = 2 << 20;
+/// Segment size for large requests under [`MIN_LARGE_ALLOC`] (`kLargeBuffer`, 20 MiB); also the
+/// expandable large-pool page.
+pub const LARGE_BUFFER: u64 = 20 << 20;
+/// Large requests from this size on get a segment of their own size (`kMinLargeAlloc`, 10 MiB).
+pub const MIN_LARGE_ALLOC: u64 = 10 << 20;
+/// Rounding of those segments (`kRoundLarge`, 2 MiB).
+pub const ROUND_LARGE: u64 = 2 << 20;
+
+/// Where the simulated address space starts.
+const BASE: u64 = 1 << 44;
+/// Virtual span of one expandable segment (larger than any real device's memory).
+const EXPANDABLE_SPAN: u64 = 1 << 40;
+/// Largest request accepted.
+const MAX_REQUEST: u64 = 1 << 40;
+
+/// Which variant of the caching allocator is simulated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CachingMode {
+    /// Default settings: one `cudaMalloc` segment per growth.
+    Native,
+    /// `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`.
+    Expandable,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Block {
+    size: u64,
+    allocated: bool,
+    segment: u32,
+    small: bool,
+    stream: u64,
+}
+
+/// One expandable segment's state.
+#[derive(Clone, Copy, Debug)]
+struct Expandable {
+    base: u64,
+    /// Bytes mapped from `base`.
+    mapped: u64,
+    page: u64,
+}
+
+/// The simulated caching allocator. See the module docs.
+#[derive(Debug)]
+pub struct CachingSim {
+    mode: CachingMode,
+    blocks: BTreeMap<u64, Block>,
+    /// Free blocks by (small pool?, stream, size, address): the allocator's `BlockComparatorSize` order.
+    free: BTreeSet<(bool, u64, u64, u64)>,
+    /// Expandable segments by (stream, small pool?) → index into `segs`.
+    expandable: HashMap<(u64, bool), u32>,
+    segs: Vec<Expandable>,
+    segments: u32,
+    top: u64,
+    reserved: u64,
+    peak: u64,
+}
+
+fn round_up(x: u64, to: u64) -> u64 {
+    x.div_ceil(to) * to
+}
+
+impl CachingSim {
+    /// An empty allocator in `mode`.
+    pub fn new(mode: CachingMode) -> Self {
+        CachingSim {
+            mode,
+            blocks: BTreeMap::new(),
+            free: BTreeSet::new(),
+            expandable: HashMap::new(),
+            segs: Vec::new(),
+            segments: 0,
+            top: BASE,
+            reserved: 0,
+            peak: 0,
+        }
+    }
+
+    /// Segments taken from the driver (native) or expandable segments created.
+    pub fn segments(&self) -> u32 {
+        self.segments
+    }
+
+    fn insert_free(&mut self, addr: u64, b: Block) {
+        self.free.insert((b.small, b.stream, b.size, addr));
+        self.blocks.insert(addr, Block { allocated: false, ..b });
+    }
+
+    fn remove_free(&mut self, addr: u64, b: &Block) {
+        self.free.remove(&(b.small, b.stream, b.size, addr));
+    }
+
+    fn grow_native(&mut self, size: u64, small: bool, stream: u64) -> (u64, Block) {
+        let seg = if small {
+            SMALL_BUFFER
+        } else if size < MIN_LARGE_ALLOC {
+            LARGE_BUFFER
+        } else {
+            round_up(size, ROUND_LARGE)
+        };
+        let addr = self.top;
+        // A guard gap keeps segments from touching, so no merge can cross them.
+        self.top += seg + ROUND_LARGE;
+        self.reserved += seg;
+        self.peak = self.peak.max(self.reserved);
+        let b = Block {
+            size: seg,
+            allocated: false,
+            segment: self.segments,
+            small,
+            stream,
+        };
+        self.segments += 1;
+        (addr, b)
+    }
+
+    /// Extends the (stream, pool) expandable segment so that a block of `size` fits at its end.
+    fn grow_expandable(&mut self, size: u64, small: bool, stream: u64) -> (u64, Block) {
+        let ix = match self.expandable.get(&(stream, small)) {
+            Some(&ix) => ix,
+            None => {
+                let ix = self.segs.len() as u32;
+                self.segs.push(Expandable {
+                    base: self.top,
+                    mapped: 0,
+                    page: if small { SMALL_BUFFER } else { LARGE_BUFFER },
+                });
+                self.top += EXPANDABLE_SPAN;
+                self.expandable.insert((stream, small), ix);
+                self.segments += 1;
+                ix
+            }
+        };
+        let seg = self.segs[ix as usize];
+        let end = seg.base + seg.mapped;
+        // Start inside the last mapped block when it is free.
+        let mut start = end;
+        if let Some((&a, b)) = self.blocks.range(seg.base..end).next_back() {
+            if !b.allocated && a + b.size == end {
+                let b = *b;
+                self.remove_free(a, &b);
+                self.blocks.remove(&a);
+                start = a;
+            }
+        }
+        let mapped = round_up(start + size - seg.base, seg.page);
+        self.reserved += mapped - seg.mapped;
+        self.peak = self.peak.max(self.reserved);
+        self.segs[ix as usize].mapped = mapped;
+        let b = Block {
+            size: seg.base + mapped - start,
+            allocated: false,
+            segment: ix,
+            small,
+            stream,
+        };
+        (start, b)
+    }
+
+    fn should_split(&self, b: &Block, size: u64) -> bool {
+        let rest = b.size - size;
+        if b.small || self.mode == CachingMode::Expandable {
+            rest >= ROUND
+        } else {
+            rest > SMALL_SIZE
+        }
+    }
+}
+
+impl ReplayAllocator for CachingSim {
+    fn name(&self) -> String {
+        match self.mode {
+            CachingMode::Native => "torch-native".to_owned(),
+            CachingMode::Expandable => "torch-expandable".to_owned(),
+        }
+    }
+
+    fn alloc(&mut self, size: u64, stream: u64, _site: Option<u64>) -> Result<u64, ReplayError> {
+        if size == 0 || size > MAX_REQUEST {
+            return Err(ReplayError::InvalidRequest {
+                message: format!("torch sim: size {size} outside 1..=2^40"),
+            });
+        }
+        let size = round_up(size, ROUND);
+        let small = size <= SMALL_SIZE;
+        let found = self
+            .free
+            .range((small, stream, size, 0)..)
+            .next()
+            .copied()
+            .filter(|&(s, st, _, _)| s == small && st == stream);
+        let (addr, block) = match found {
+            Some((_, _, _, a)) => {
+                let b = self.blocks[&a];
+                self.remove_free(a, &b);
+                (a, b)
+            }
+            None => match self.mode {
+                CachingMode::Native => self.grow_native(size, small, stream),
+                CachingMode::Expandable => self.grow_expandable(size, small, stream),
+            },
+        };
+        let used = if self.should_split(&block, size) {
+            self.insert_free(
+                addr + size,
+                Block {
+                    size: block.size - size,
+                    ..block
+                },
+            );
+            size
+        } else {
+            block.size
+        };
+        self.blocks.insert(
+            addr,
+            Block {
+                size: used,
+                allocated: true,
+                ..block
+            },
+        );
+        Ok(addr)
+    }
+
+    fn free(&mut self, ptr: u64, _size: u64, _stream: u64) -> Result<(), ReplayError> {
+        let b = match self.blocks.get(&ptr) {
+            Some(b) if b.allocated => *b,
+            _ => return Err(ReplayError::InvalidFree { ptr }),
+        };
+        let (mut start, mut size) = (ptr, b.size);
+        if let Some(n) = self.blocks.get(&(ptr + size)).copied() {
+            if !n.allocated && n.segment == b.segment && n.small == b.small {
+                self.remove_free(ptr + size, &n);
+                self.blocks.remove(&(ptr + size));
+                size += n.size;
+            }
+        }
+        if let Some((&pa, p)) = self.blocks.range(..ptr).next_back() {
+            let p = *p;
+            if !p.allocated && p.segment == b.segment && p.small == b.small && pa + p.size == ptr {
+                self.remove_free(pa, &p);
+                self.blocks.remove(&pa);
+                start = pa;
+                size += p.size;
+            }
+        }
+        self.blocks.remove(&ptr);
+        self.insert_free(start, Block { size, ..b });
+        Ok(())
+    }
+
+    fn reserved(&self) -> u64 {
+        self.reserved
+    }
+
+    fn peak_reserved(&self) -> u64 {
+        self.peak
+    }
+}

@@ -1,0 +1,230 @@
+//! Trace analysis for genpool: what each allocator policy would reserve on a trace, side by side with
+//! genpool itself, and with the ratios measured on the GPU (the *anchors*).
+//!
+//! - [`caching`]: PyTorch's `CUDACachingAllocator`, native and with expandable segments.
+//! - [`rmm`]: RAPIDS RMM's fixed-size pool and the anchor script's bisection for its smallest size.
+//! - [`analyze`]: runs every [`Strategy`] on one trace → an [`Analysis`]; [`write_report`] renders
+//!   analyses as a Markdown report, with the measured [`ANCHORS`] and each simulation's error.
+//!
+//! Every simulation is host-only address arithmetic, deterministic, and replayed through
+//! [`gen_trace::replay`] (so each returned block is checked for overlap and alignment). The ratio is
+//! peak reserved / peak live after one pass, as the anchor script measures it
+//! (`torch.cuda.max_memory_reserved()` after the first pass).
+
+#![warn(missing_docs)]
+
+pub mod caching;
+mod report;
+pub mod rmm;
+
+use gen_trace::{replay_plan, ReplayAllocator, ReplayError, ReplayOptions, ReplayPlan, Trace};
+
+pub use caching::{CachingMode, CachingSim};
+pub use report::{write_report, write_table};
+pub use rmm::{min_fixed_size, RmmPoolSim};
+
+/// An allocator policy the analysis can run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Strategy {
+    /// PyTorch's caching allocator, default settings.
+    Native,
+    /// PyTorch's caching allocator with `expandable_segments:True`.
+    Expandable,
+    /// RMM `pool_memory_resource`, smallest fixed size that replays the trace.
+    RmmPool,
+    /// The genpool engine on the simulated device.
+    Genpool,
+}
+
+impl Strategy {
+    /// Every strategy, in report order.
+    pub const ALL: [Strategy; 4] = [
+        Strategy::Native,
+        Strategy::Expandable,
+        Strategy::RmmPool,
+        Strategy::Genpool,
+    ];
+
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::Native => "native",
+            Strategy::Expandable => "expandable",
+            Strategy::RmmPool => "rmm-pool",
+            Strategy::Genpool => "genpool",
+        }
+    }
+
+    /// The strategy called `name` (see [`Strategy::name`]).
+    pub fn parse(name: &str) -> Result<Strategy, AnalyzeError> {
+        Strategy::ALL
+            .into_iter()
+            .find(|s| s.name() == name)
+            .ok_or_else(|| AnalyzeError::UnknownStrategy {
+                name: name.to_owned(),
+            })
+    }
+
+    /// The anchor mode of `anchors/torch_replay.py` this strategy simulates, if any.
+    pub fn anchor_mode(self) -> Option<&'static str> {
+        match self {
+            Strategy::Native => Some("native"),
+            Strategy::Expandable => Some("expandable"),
+            Strategy::RmmPool => Some("rmm-pool"),
+            Strategy::Genpool => None,
+        }
+    }
+}
+
+/// Anchor modes, in the column order of [`ANCHORS`].
+pub const ANCHOR_MODES: [&str; 5] = ["native", "expandable", "async", "rmm-pool", "rmm-arena"];
+
+/// Ratios (peak reserved / peak live) measured on an H200 with `anchors/torch_replay.py`
+/// (torch 2.11.0+cu130, RMM 26.10, 2026-12-02), columns as [`ANCHOR_MODES`].
+pub const ANCHORS: [(&str, [f64; 5]); 4] = [
+    ("gpt2_train_fixed", [1.125, 1.070, 1.103, 1.070, 1.078]),
+    ("gpt2m_train_varlen", [1.092, 1.039, 1.034, 1.039, 1.047]),
+    ("gpt2_generate_kv", [1.137, 1.106, 1.150, 1.070, 1.094]),
+    ("resnet50_train", [1.126, 1.010, 1.051, 1.008, 1.016]),
+];
+
+/// The measured ratio of anchor `mode` on trace `trace`, if there is one.
+pub fn anchor(trace: &str, mode: &str) -> Option<f64> {
+    let col = ANCHOR_MODES.iter().position(|m| *m == mode)?;
+    ANCHORS
+        .iter()
+        .find(|(t, _)| *t == trace)
+        .map(|(_, r)| r[col])
+}
+
+/// What can go wrong in an analysis.
+#[derive(Debug, thiserror::Error)]
+pub enum AnalyzeError {
+    /// A strategy name nobody knows.
+    #[error("unknown strategy `{name}` (known: native, expandable, rmm-pool, genpool)")]
+    UnknownStrategy {
+        /// The name given.
+        name: String,
+    },
+    /// The genpool engine could not be made.
+    #[error("genpool engine: {0}")]
+    Engine(String),
+    /// A replay failed.
+    #[error("{trace}: {strategy}: {source}")]
+    Replay {
+        /// Trace name.
+        trace: String,
+        /// Strategy name.
+        strategy: &'static str,
+        /// What went wrong.
+        source: ReplayError,
+    },
+}
+
+/// One strategy's result on one trace.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct StrategyResult {
+    /// The strategy.
+    pub strategy: Strategy,
+    /// Most bytes held from the (simulated) device.
+    pub peak_reserved: u64,
+    /// `peak_reserved / peak_live` (`None` on an empty trace).
+    pub ratio: Option<f64>,
+    /// The ratio measured on the GPU for this strategy and trace, when known.
+    pub measured: Option<f64>,
+}
+
+impl StrategyResult {
+    /// Simulated minus measured ratio, when both are known.
+    pub fn error(&self) -> Option<f64> {
+        Some(self.ratio? - self.measured?)
+    }
+}
+
+/// Every strategy's result on one trace.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Analysis {
+    /// Trace name.
+    pub trace: String,
+    /// Alloc + free events.
+    pub ops: u64,
+    /// Streams used.
+    pub streams: usize,
+    /// Highest sum of live bytes.
+    pub peak_live: u64,
+    /// One result per strategy asked for, in the order asked.
+    pub results: Vec<StrategyResult>,
+}
+
+impl Analysis {
+    /// The result of `s`, if it was run.
+    pub fn result(&self, s: Strategy) -> Option<&StrategyResult> {
+        self.results.iter().find(|r| r.strategy == s)
+    }
+}
+
+/// Memory of the simulated device the engine runs on: an H200's.
+const SIM_CAPACITY: u64 = 141 << 30;
+
+fn engine() -> Result<genpool::replay::EngineReplay, AnalyzeError> {
+    let dev = gen_device::sim::SimConfig::new()
+        .capacity(SIM_CAPACITY)
+        .build()
+        .map_err(|e| AnalyzeError::Engine(e.to_string()))?;
+    let pool = genpool::Pool::new(std::sync::Arc::new(dev), genpool::Config::default())
+        .map_err(|e| AnalyzeError::Engine(e.to_string()))?;
+    Ok(genpool::replay::EngineReplay::new(pool, "genpool"))
+}
+
+fn one_pass(plan: &ReplayPlan, a: &mut dyn ReplayAllocator) -> Result<u64, ReplayError> {
+    let opts = ReplayOptions {
+        passes: 1,
+        ignore_site: false,
+    };
+    replay_plan(plan, a, &opts, &mut |_| {}).map(|r| r.peak_reserved)
+}
+
+/// Peak reserved bytes of strategy `s` on `plan` (one pass); `trace` names the trace in errors.
+pub fn peak_reserved(plan: &ReplayPlan, s: Strategy, trace: &str) -> Result<u64, AnalyzeError> {
+    let err = |source| AnalyzeError::Replay {
+        trace: trace.to_owned(),
+        strategy: s.name(),
+        source,
+    };
+    match s {
+        Strategy::Native => one_pass(plan, &mut CachingSim::new(CachingMode::Native)).map_err(err),
+        Strategy::Expandable => {
+            one_pass(plan, &mut CachingSim::new(CachingMode::Expandable)).map_err(err)
+        }
+        Strategy::RmmPool => min_fixed_size(plan, &RmmPoolSim::new).map_err(err),
+        Strategy::Genpool => one_pass(plan, &mut engine()?).map_err(err),
+    }
+}
+
+/// Runs `strategies` on `trace`.
+pub fn analyze(trace: &Trace, strategies: &[Strategy]) -> Result<Analysis, AnalyzeError> {
+    let plan = ReplayPlan::new(trace).map_err(|source| AnalyzeError::Replay {
+        trace: trace.name.clone(),
+        strategy: "plan",
+        source,
+    })?;
+    let peak_live = plan.peak_live();
+    let mut results = Vec::with_capacity(strategies.len());
+    for &s in strategies {
+        let peak = peak_reserved(&plan, s, &trace.name)?;
+        results.push(StrategyResult {
+            strategy: s,
+            peak_reserved: peak,
+            ratio: (peak_live > 0).then(|| peak as f64 / peak_live as f64),
+            measured: s.anchor_mode().and_then(|m| anchor(&trace.name, m)),
+        });
+    }
+    Ok(Analysis {
+        trace: trace.name.clone(),
+        ops: trace.ops(),
+        streams: trace.summary.streams.len(),
+        peak_live,
+        results,
+    })
+}

@@ -1,0 +1,127 @@
+//! Rendering of [`Analysis`] results: a plain table per trace and a Markdown report over many.
+
+use std::io::{self, Write};
+
+use crate::{Analysis, ANCHORS, ANCHOR_MODES};
+
+fn gib(n: u64) -> String {
+    format!("{:.2} GiB", n as f64 / f64::from(1u32 << 30))
+}
+
+fn ratio(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_owned(), |x| format!("{x:.3}"))
+}
+
+fn signed(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_owned(), |x| format!("{x:+.3}"))
+}
+
+/// One trace's results as a plain-text table.
+pub fn write_table(out: &mut dyn Write, a: &Analysis) -> io::Result<()> {
+    writeln!(
+        out,
+        "{}: {} ops, {} stream{}, peak live {}",
+        a.trace,
+        a.ops,
+        a.streams,
+        if a.streams == 1 { "" } else { "s" },
+        gib(a.peak_live)
+    )?;
+    writeln!(
+        out,
+        "  {:<11}  {:>13}  {:>6}  {:>8}  {:>6}",
+        "strategy", "peak reserved", "ratio", "measured", "error"
+    )?;
+    for r in &a.results {
+        writeln!(
+            out,
+            "  {:<11}  {:>13}  {:>6}  {:>8}  {:>6}",
+            r.strategy.name(),
+            gib(r.peak_reserved),
+            ratio(r.ratio),
+            ratio(r.measured),
+            signed(r.error()),
+        )?;
+    }
+    writeln!(out)
+}
+
+/// A Markdown report over `analyses`: one table of ratios (simulated, with the measured anchor and the
+/// error beside it), the largest absolute error per strategy, and the measured anchors that have no
+/// simulation.
+pub fn write_report(out: &mut dyn Write, analyses: &[Analysis]) -> io::Result<()> {
+    writeln!(out, "# genpool analysis\n")?;
+    writeln!(
+        out,
+        "Ratio = peak reserved / peak live after one pass. Simulated on the host; \
+         *measured* is the H200 anchor (`anchors/torch_replay.py`), shown as `sim (measured, error)`.\n"
+    )?;
+    let Some(first) = analyses.first() else {
+        return writeln!(out, "No traces.");
+    };
+    let strategies: Vec<_> = first.results.iter().map(|r| r.strategy).collect();
+    write!(out, "| trace | peak live |")?;
+    for s in &strategies {
+        write!(out, " {} |", s.name())?;
+    }
+    writeln!(out)?;
+    write!(out, "|---|---|")?;
+    for _ in &strategies {
+        write!(out, "---|")?;
+    }
+    writeln!(out)?;
+    let mut worst = vec![None::<f64>; strategies.len()];
+    for a in analyses {
+        write!(out, "| {} | {} |", a.trace, gib(a.peak_live))?;
+        for (i, s) in strategies.iter().enumerate() {
+            match a.result(*s) {
+                Some(r) => {
+                    match (r.measured, r.error()) {
+                        (Some(m), Some(e)) => write!(
+                            out,
+                            " {} ({m:.3}, {}) |",
+                            ratio(r.ratio),
+                            signed(Some(e))
+                        )?,
+                        _ => write!(out, " {} |", ratio(r.ratio))?,
+                    }
+                    if let Some(e) = r.error() {
+                        worst[i] = Some(worst[i].map_or(e.abs(), |w: f64| w.max(e.abs())));
+                    }
+                }
+                None => write!(out, " - |")?,
+            }
+        }
+        writeln!(out)?;
+    }
+    writeln!(out)?;
+    for (s, w) in strategies.iter().zip(&worst) {
+        if let Some(w) = w {
+            writeln!(
+                out,
+                "- {}: largest |error| against the measured anchor {w:.3}",
+                s.name()
+            )?;
+        }
+    }
+    let simulated: Vec<&str> = strategies.iter().filter_map(|s| s.anchor_mode()).collect();
+    let unsimulated: Vec<(usize, &str)> = ANCHOR_MODES
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| !simulated.contains(m))
+        .map(|(i, m)| (i, *m))
+        .collect();
+    if !unsimulated.is_empty() {
+        writeln!(out, "\nMeasured anchors without a simulation here:\n")?;
+        for a in analyses {
+            if let Some((_, row)) = ANCHORS.iter().find(|(t, _)| *t == a.trace) {
+                let cells: Vec<String> = unsimulated
+                    .iter()
+                    .map(|(i, m)| format!("{m} {:.3}", row[*i]))
+                    .collect();
+                writeln!(out, "- {}: {}", a.trace, cells.join(", "))?;
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,169 @@
+//! A host simulation of RAPIDS RMM's `pool_memory_resource` with a fixed size (initial = maximum), and
+//! the bisection the anchor script uses to find the smallest such pool that replays a trace.
+//!
+//! Policy simulated: one upstream block of the pool's size; requests aligned to 256 B ([`RMM_ALIGN`]);
+//! the best-fitting free block (smallest that fits, lowest address among equals) is taken and split
+//! exactly; freed blocks coalesce with free neighbours. RMM keeps one free list per stream and steals
+//! from other streams' lists when its own has nothing; this simulation keeps one list, which is exact on
+//! single-stream traces.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gen_trace::{replay_plan, ReplayAllocator, ReplayError, ReplayOptions, ReplayPlan};
+
+/// Alignment of every RMM allocation (`CUDA_ALLOCATION_ALIGNMENT`).
+pub const RMM_ALIGN: u64 = 256;
+/// The anchor script rounds every pool size it tries up to this (2 MiB).
+pub const BUDGET_ROUND: u64 = 2 << 20;
+/// Where the simulated pool starts.
+const BASE: u64 = 1 << 44;
+
+/// A fixed-size coalescing best-fit pool. See the module docs.
+#[derive(Debug)]
+pub struct RmmPoolSim {
+    size: u64,
+    /// Free blocks by address → size.
+    free: BTreeMap<u64, u64>,
+    /// Free blocks by (size, address).
+    by_size: BTreeSet<(u64, u64)>,
+    /// Live blocks by address → aligned size.
+    live: BTreeMap<u64, u64>,
+}
+
+impl RmmPoolSim {
+    /// A pool of `size` bytes (rounded down to [`RMM_ALIGN`]), all of it free.
+    pub fn new(size: u64) -> Self {
+        let size = size / RMM_ALIGN * RMM_ALIGN;
+        let mut p = RmmPoolSim {
+            size,
+            free: BTreeMap::new(),
+            by_size: BTreeSet::new(),
+            live: BTreeMap::new(),
+        };
+        if size > 0 {
+            p.insert_free(BASE, size);
+        }
+        p
+    }
+
+    /// Bytes in free blocks.
+    pub fn free_bytes(&self) -> u64 {
+        self.free.values().sum()
+    }
+
+    fn insert_free(&mut self, addr: u64, size: u64) {
+        self.free.insert(addr, size);
+        self.by_size.insert((size, addr));
+    }
+
+    fn remove_free(&mut self, addr: u64, size: u64) {
+        self.free.remove(&addr);
+        self.by_size.remove(&(size, addr));
+    }
+}
+
+impl ReplayAllocator for RmmPoolSim {
+    fn name(&self) -> String {
+        "rmm-pool".to_owned()
+    }
+
+    fn alloc(&mut self, size: u64, _stream: u64, _site: Option<u64>) -> Result<u64, ReplayError> {
+        if size == 0 {
+            return Err(ReplayError::InvalidRequest {
+                message: "rmm sim: size 0".to_owned(),
+            });
+        }
+        let need = size
+            .checked_next_multiple_of(RMM_ALIGN)
+            .ok_or(ReplayError::OutOfMemory { requested: size })?;
+        let Some(&(bsize, addr)) = self.by_size.range((need, 0)..).next() else {
+            return Err(ReplayError::OutOfMemory { requested: size });
+        };
+        self.remove_free(addr, bsize);
+        if bsize > need {
+            self.insert_free(addr + need, bsize - need);
+        }
+        self.live.insert(addr, need);
+        Ok(addr)
+    }
+
+    fn free(&mut self, ptr: u64, _size: u64, _stream: u64) -> Result<(), ReplayError> {
+        let Some(mut size) = self.live.remove(&ptr) else {
+            return Err(ReplayError::InvalidFree { ptr });
+        };
+        let mut start = ptr;
+        if let Some(&n) = self.free.get(&(ptr + size)) {
+            self.remove_free(ptr + size, n);
+            size += n;
+        }
+        if let Some((&pa, &ps)) = self.free.range(..ptr).next_back() {
+            if pa + ps == ptr {
+                self.remove_free(pa, ps);
+                start = pa;
+                size += ps;
+            }
+        }
+        self.insert_free(start, size);
+        Ok(())
+    }
+
+    fn reserved(&self) -> u64 {
+        self.size
+    }
+
+    fn peak_reserved(&self) -> u64 {
+        self.size
+    }
+}
+
+/// Whether `plan` replays, in one pass, through a fixed pool made by `make(budget)`, with `budget`
+/// rounded up to [`BUDGET_ROUND`]. Out of memory is `Ok(false)`; any other failure is an error.
+fn fits<A: ReplayAllocator>(
+    plan: &ReplayPlan,
+    budget: u64,
+    make: &dyn Fn(u64) -> A,
+) -> Result<bool, ReplayError> {
+    let mut a = make(budget.div_ceil(BUDGET_ROUND) * BUDGET_ROUND);
+    let opts = ReplayOptions {
+        passes: 1,
+        ignore_site: true,
+    };
+    match replay_plan(plan, &mut a, &opts, &mut |_| {}) {
+        Ok(_) => Ok(true),
+        Err(ReplayError::Op { source, .. }) if matches!(*source, ReplayError::OutOfMemory { .. }) => {
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The smallest fixed pool size that replays `plan`, found as the anchor script finds it: start from
+/// `[peak_live, 2·peak_live]`, double until the upper end replays, then bisect until the bracket is at
+/// most 1 % of peak live; the upper end is returned. Fails with [`ReplayError::OutOfMemory`] when even
+/// 64 × peak live does not suffice.
+pub fn min_fixed_size<A: ReplayAllocator>(
+    plan: &ReplayPlan,
+    make: &dyn Fn(u64) -> A,
+) -> Result<u64, ReplayError> {
+    let peak = plan.peak_live();
+    if peak == 0 {
+        return Ok(0);
+    }
+    let (mut lo, mut hi) = (peak, 2 * peak);
+    while !fits(plan, hi, make)? {
+        lo = hi;
+        hi = hi.saturating_mul(2);
+        if hi > peak.saturating_mul(64) {
+            return Err(ReplayError::OutOfMemory { requested: hi });
+        }
+    }
+    while hi - lo > peak / 100 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(plan, mid, make)? {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Ok(hi)
+}
