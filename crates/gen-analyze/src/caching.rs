@@ -117,7 +117,13 @@ impl CachingSim {
 
     fn insert_free(&mut self, addr: u64, b: Block) {
         self.free.insert((b.small, b.stream, b.size, addr));
-        self.blocks.insert(addr, Block { allocated: false, ..b });
+        self.blocks.insert(
+            addr,
+            Block {
+                allocated: false,
+                ..b
+            },
+        );
     }
 
     fn remove_free(&mut self, addr: u64, b: &Block) {

@@ -21,7 +21,7 @@ use gen_trace::{replay_plan, ReplayAllocator, ReplayError, ReplayOptions, Replay
 
 pub use caching::{CachingMode, CachingSim};
 pub use report::{write_report, write_table};
-pub use rmm::{min_fixed_size, RmmPoolSim};
+pub use rmm::{fits, min_fixed_size, RmmPoolSim};
 
 /// An allocator policy the analysis can run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -185,10 +185,10 @@ fn one_pass(plan: &ReplayPlan, a: &mut dyn ReplayAllocator) -> Result<u64, Repla
     replay_plan(plan, a, &opts, &mut |_| {}).map(|r| r.peak_reserved)
 }
 
-/// Peak reserved bytes of strategy `s` on `plan` (one pass); `trace` names the trace in errors.
-pub fn peak_reserved(plan: &ReplayPlan, s: Strategy, trace: &str) -> Result<u64, AnalyzeError> {
+/// Peak reserved bytes of strategy `s` on `trace` (compiled as `plan`; one pass).
+pub fn peak_reserved(trace: &Trace, plan: &ReplayPlan, s: Strategy) -> Result<u64, AnalyzeError> {
     let err = |source| AnalyzeError::Replay {
-        trace: trace.to_owned(),
+        trace: trace.name.clone(),
         strategy: s.name(),
         source,
     };
@@ -197,7 +197,7 @@ pub fn peak_reserved(plan: &ReplayPlan, s: Strategy, trace: &str) -> Result<u64,
         Strategy::Expandable => {
             one_pass(plan, &mut CachingSim::new(CachingMode::Expandable)).map_err(err)
         }
-        Strategy::RmmPool => min_fixed_size(plan, &RmmPoolSim::new).map_err(err),
+        Strategy::RmmPool => min_fixed_size(trace, &RmmPoolSim::new).map_err(err),
         Strategy::Genpool => one_pass(plan, &mut engine()?).map_err(err),
     }
 }
@@ -212,7 +212,7 @@ pub fn analyze(trace: &Trace, strategies: &[Strategy]) -> Result<Analysis, Analy
     let peak_live = plan.peak_live();
     let mut results = Vec::with_capacity(strategies.len());
     for &s in strategies {
-        let peak = peak_reserved(&plan, s, &trace.name)?;
+        let peak = peak_reserved(trace, &plan, s)?;
         results.push(StrategyResult {
             strategy: s,
             peak_reserved: peak,

@@ -77,12 +77,9 @@ pub fn write_report(out: &mut dyn Write, analyses: &[Analysis]) -> io::Result<()
             match a.result(*s) {
                 Some(r) => {
                     match (r.measured, r.error()) {
-                        (Some(m), Some(e)) => write!(
-                            out,
-                            " {} ({m:.3}, {}) |",
-                            ratio(r.ratio),
-                            signed(Some(e))
-                        )?,
+                        (Some(m), Some(e)) => {
+                            write!(out, " {} ({m:.3}, {}) |", ratio(r.ratio), signed(Some(e)))?
+                        }
                         _ => write!(out, " {} |", ratio(r.ratio))?,
                     }
                     if let Some(e) = r.error() {
