@@ -11,6 +11,15 @@ pub enum MidTier {
     Extent,
 }
 
+/// Where long-lived allocations go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum LongTier {
+    /// The exact-fit buddy (gen-buddy), in regions of its own.
+    Buddy,
+    /// The extent arena, beside the short-lived blocks (pages shared with them).
+    Extent,
+}
+
 /// How allocations are routed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub enum Routing {
@@ -58,15 +67,21 @@ pub const VALID_KEYS: &[&str] = &[
     "short_horizon",
     "mid_horizon",
     "page_slack",
+    "long_tier",
 ];
 
 /// Engine configuration. `Config::default()` is the tuned default; see docs/ARCHITECTURE.md.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Config {
-    /// Largest block served by the slab (bytes); bigger short-lived blocks go to the extent arena.
+    /// Largest block served by the slab (bytes; default 4 KiB); bigger short-lived blocks go to the
+    /// extent arena. Each slab size class pins whole 2 MiB chunks, so on the shared traces classes above
+    /// a few KiB cost more pages than the extent arena's tight packing (docs/BENCHMARKS.md).
     pub slab_max_size: u64,
     /// Where mid-lived blocks go.
     pub mid_tier: MidTier,
+    /// Where long-lived blocks go (default: the extent arena, which packed long-lived blocks tighter than
+    /// the buddy on the shared traces — docs/BENCHMARKS.md; `long_tier:buddy` selects gen-buddy).
+    pub long_tier: LongTier,
     /// Routing policy.
     pub routing: Routing,
     /// Cap on the physical memory the engine's pages may hold (`None`: the device's).
@@ -94,8 +109,9 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            slab_max_size: 1 << 20,
+            slab_max_size: 4 << 10,
             mid_tier: MidTier::Extent,
+            long_tier: LongTier::Extent,
             routing: Routing::Generational,
             limit: None,
             eager_unmap: false,
@@ -179,6 +195,13 @@ impl Config {
                     "stream" => MidTier::Stream,
                     "extent" => MidTier::Extent,
                     _ => return Err(bad("expected 'stream' or 'extent'".into())),
+                }
+            }
+            "long_tier" => {
+                self.long_tier = match value {
+                    "buddy" => LongTier::Buddy,
+                    "extent" => LongTier::Extent,
+                    _ => return Err(bad("expected 'buddy' or 'extent'".into())),
                 }
             }
             "routing" => {

@@ -26,7 +26,7 @@ mod pool;
 pub mod replay;
 pub mod stats;
 
-pub use config::{Config, ConfigError, MidTier, Routing};
+pub use config::{Config, ConfigError, LongTier, MidTier, Routing};
 pub use error::{FreeFault, GenpoolError, OomReport, Result, TierUsage};
 pub use gen_classifier::Lifetime;
 pub use gen_device::{Device, DeviceError, StreamId};

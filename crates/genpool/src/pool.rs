@@ -11,7 +11,7 @@ use gen_slab::{Slab, SlabConfig, SlabError};
 use gen_stream::{StreamCache, StreamCacheConfig, StreamPool, StreamPoolConfig};
 use gen_vmm::{PagePool, PagePoolConfig, VmmError};
 
-use crate::config::{Config, MidTier, Routing};
+use crate::config::{Config, LongTier, MidTier, Routing};
 use crate::error::{FreeFault, GenpoolError, OomReport, Result, TierUsage};
 use crate::meta::{Meta, MetaTable, Removed};
 use crate::stats::{PoolStats, TierStats};
@@ -326,7 +326,10 @@ impl Pool {
                     Tier::Extent
                 }
             }
-            (Routing::Generational, Lifetime::Long) => Tier::Buddy,
+            (Routing::Generational, Lifetime::Long) => match self.cfg.long_tier {
+                LongTier::Buddy => Tier::Buddy,
+                LongTier::Extent => Tier::Extent,
+            },
         }
     }
 

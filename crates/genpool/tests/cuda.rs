@@ -21,7 +21,10 @@ fn device() -> Option<Arc<dyn Device>> {
 }
 
 fn hint(l: Lifetime) -> Hint {
-    Hint { lifetime: Some(l), site: None }
+    Hint {
+        lifetime: Some(l),
+        site: None,
+    }
 }
 
 /// Every tier hands out real device memory: a pattern written to each block reads back intact, and
@@ -31,12 +34,24 @@ fn hint(l: Lifetime) -> Hint {
 fn all_tiers_serve_real_memory() {
     let Some(dev) = device() else { return };
     for mid in ["extent", "stream"] {
-        let pool = Pool::new(dev.clone(), Config::parse(&format!("mid_tier:{mid}")).unwrap()).unwrap();
+        let pool = Pool::new(
+            dev.clone(),
+            Config::parse(&format!("mid_tier:{mid},long_tier:buddy,slab_max_size:1M")).unwrap(),
+        )
+        .unwrap();
         let reqs = [
             (4096, Lifetime::Short, Tier::Slab),
             (700 * 1024, Lifetime::Short, Tier::Slab),
             (37 * MIB + 512, Lifetime::Short, Tier::Extent),
-            (5 * MIB, Lifetime::Mid, if mid == "stream" { Tier::Stream } else { Tier::Extent }),
+            (
+                5 * MIB,
+                Lifetime::Mid,
+                if mid == "stream" {
+                    Tier::Stream
+                } else {
+                    Tier::Extent
+                },
+            ),
             (3 * MIB + 4096, Lifetime::Long, Tier::Buddy),
             (1536, Lifetime::Long, Tier::Buddy),
         ];
@@ -78,7 +93,10 @@ fn cross_stream_free_and_reuse() {
         if again.ptr == blk.ptr {
             let mut back = vec![0u8; blk.size as usize];
             dev.read(again.ptr, &mut back).unwrap();
-            assert!(back.iter().all(|&v| v == 0x5a), "reused before stream A finished");
+            assert!(
+                back.iter().all(|&v| v == 0x5a),
+                "reused before stream A finished"
+            );
         }
         pool.free(again.ptr, b).unwrap();
     }
@@ -100,7 +118,11 @@ fn vmm_pages_move_between_blocks() {
         dev.write(blk.ptr, &vec![3u8; blk.size as usize]).unwrap();
     }
     let s = pool.stats();
-    assert!(s.pages.pages_peak * s.pages.page_size <= 66 * MIB, "{:?}", s.pages);
+    assert!(
+        s.pages.pages_peak * s.pages.page_size <= 66 * MIB,
+        "{:?}",
+        s.pages
+    );
     pool.free(y.ptr, 0).unwrap();
     pool.free(z.ptr, 0).unwrap();
     pool.trim();

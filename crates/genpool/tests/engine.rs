@@ -35,7 +35,11 @@ fn routes_by_lifetime_and_size() {
     let b = pool.alloc(100 * MIB + 3, 0, hint(Lifetime::Short)).unwrap();
     assert_eq!((b.tier, b.size), (Tier::Extent, 100 * MIB + 512));
     let c = pool.alloc(3 * MIB, 0, hint(Lifetime::Long)).unwrap();
-    assert_eq!(c.tier, Tier::Buddy);
+    assert_eq!(
+        c.tier,
+        Tier::Extent,
+        "long-lived blocks share the extent arena by default"
+    );
     let d = pool.alloc(5 * MIB, 0, hint(Lifetime::Mid)).unwrap();
     assert_eq!(
         d.tier,
@@ -54,6 +58,26 @@ fn routes_by_lifetime_and_size() {
     pool.trim();
     assert_eq!(pool.reserved_now(), 0, "nothing held after free + trim");
     assert_eq!(dev.reserved().current, 0, "the device agrees");
+}
+
+#[test]
+fn long_tier_buddy_and_a_bigger_slab_when_configured() {
+    let dev = sim(8 * GIB);
+    let pool = pool_on(
+        &dev,
+        Config::parse("long_tier:buddy,slab_max_size:1M").unwrap(),
+    );
+    let a = pool.alloc(700 * 1024, 0, hint(Lifetime::Short)).unwrap();
+    assert_eq!(a.tier, Tier::Slab);
+    let b = pool.alloc(3 * MIB, 0, hint(Lifetime::Long)).unwrap();
+    assert_eq!(b.tier, Tier::Buddy);
+    let c = pool.alloc(2048, 0, hint(Lifetime::Long)).unwrap();
+    assert_eq!(c.tier, Tier::Buddy);
+    for blk in [a, b, c] {
+        pool.free(blk.ptr, 0).unwrap();
+    }
+    pool.trim();
+    assert_eq!(pool.reserved_now(), 0);
 }
 
 #[test]
