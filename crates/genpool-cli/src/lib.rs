@@ -8,6 +8,9 @@
 //! Allocators are made in one place, [`make_allocator`]; [`KNOWN_ALLOCATORS`] and
 //! [`DEFAULT_ALLOCATORS`] list them.
 
+pub mod analyze;
+pub mod report;
+
 use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -53,6 +56,10 @@ pub struct Cli {
 pub enum Command {
     /// Replay allocation traces through allocators; report peak reserved / peak live and ns per op.
     Replay(ReplayArgs),
+    /// Simulate PyTorch's and RMM's allocators and genpool on traces; compare with measured ratios.
+    Analyze(analyze::AnalyzeArgs),
+    /// The analysis of `analyze` over all traces as one Markdown report.
+    Report(report::ReportArgs),
 }
 
 /// Arguments of `genpool replay`.
@@ -201,6 +208,8 @@ where
     let cli = Cli::try_parse_from(args)?;
     match cli.command {
         Command::Replay(a) => replay_cmd(&a, out),
+        Command::Analyze(a) => analyze::run(&a, out),
+        Command::Report(a) => report::run(&a, out),
     }
 }
 

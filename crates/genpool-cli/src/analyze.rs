@@ -1,0 +1,96 @@
+//! `genpool analyze [TRACE...] [--strategy NAME]... [--json]`: what each allocator policy would reserve
+//! on each trace — PyTorch's caching allocator (native, expandable segments) and RMM's pool, simulated on
+//! the host, and the genpool engine on the simulated device — with the ratios measured on the GPU beside
+//! them (see `gen_analyze`). With no TRACE it analyzes the embedded `resnet50_train` trace.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use gen_analyze::{analyze, Analysis, AnalyzeError, Strategy};
+use gen_trace::{load_bytes, load_path, Trace};
+
+use crate::{CliError, EMBEDDED_NAME, EMBEDDED_TRACE};
+
+/// Arguments of `genpool analyze`.
+#[derive(Debug, clap::Args)]
+pub struct AnalyzeArgs {
+    /// Trace files (any format `genpool replay` reads). None: the embedded resnet50_train trace.
+    pub traces: Vec<PathBuf>,
+    /// Strategy to run; repeat for several [default: all]: native, expandable, rmm-pool, genpool.
+    #[arg(long = "strategy", value_name = "NAME", value_parser = parse_strategy)]
+    pub strategies: Vec<Strategy>,
+    /// Print one JSON object per trace per line instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Parses a strategy name for clap (an unknown name is a usage error).
+pub(crate) fn parse_strategy(s: &str) -> Result<Strategy, String> {
+    Strategy::parse(s).map_err(|e| e.to_string())
+}
+
+/// The traces named, or the embedded one when none is.
+pub(crate) fn load_traces(paths: &[PathBuf]) -> Result<Vec<Trace>, CliError> {
+    let mut traces = Vec::new();
+    if paths.is_empty() {
+        traces.extend(load_bytes(EMBEDDED_NAME, EMBEDDED_TRACE)?);
+    }
+    for p in paths {
+        traces.extend(load_path(p)?);
+    }
+    Ok(traces)
+}
+
+/// Runs the strategies asked for (all when none) on every trace.
+pub(crate) fn analyze_all(
+    traces: &[Trace],
+    strategies: &[Strategy],
+    each: &mut dyn FnMut(&Analysis) -> Result<(), CliError>,
+) -> Result<Vec<Analysis>, CliError> {
+    let strategies = if strategies.is_empty() {
+        &Strategy::ALL[..]
+    } else {
+        strategies
+    };
+    let mut out = Vec::with_capacity(traces.len());
+    for t in traces {
+        let a = analyze(t, strategies).map_err(|e| match e {
+            AnalyzeError::Replay {
+                trace,
+                strategy,
+                source,
+            } => CliError::Replay {
+                trace,
+                allocator: strategy.to_owned(),
+                source,
+            },
+            AnalyzeError::Engine(message) => CliError::Allocator {
+                name: "genpool".to_owned(),
+                message,
+            },
+            e @ AnalyzeError::UnknownStrategy { .. } => CliError::Allocator {
+                name: String::new(),
+                message: e.to_string(),
+            },
+        })?;
+        each(&a)?;
+        out.push(a);
+    }
+    Ok(out)
+}
+
+/// `genpool analyze`.
+pub fn run(a: &AnalyzeArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    let traces = load_traces(&a.traces)?;
+    analyze_all(&traces, &a.strategies, &mut |an| {
+        if a.json {
+            serde_json::to_writer(&mut *out, an).map_err(std::io::Error::from)?;
+            writeln!(out)?;
+        } else {
+            gen_analyze::write_table(out, an)?;
+        }
+        out.flush()?;
+        Ok(())
+    })?;
+    Ok(())
+}
