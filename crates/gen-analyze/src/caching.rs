@@ -298,3 +298,106 @@ impl ReplayAllocator for CachingSim {
         self.peak
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn native_segment_sizes() {
+        let mut a = CachingSim::new(CachingMode::Native);
+        a.alloc(11 * MIB, 0, None).unwrap();
+        assert_eq!(a.reserved(), 12 * MIB, "≥ 10 MiB: rounded up to 2 MiB");
+        a.alloc(1, 0, None).unwrap();
+        assert_eq!(
+            a.reserved(),
+            12 * MIB + SMALL_BUFFER,
+            "small request: a 2 MiB segment"
+        );
+        // The 1 MiB rest of the 12 MiB segment was not split off, so this needs a new segment.
+        a.alloc(MIB + 512, 0, None).unwrap();
+        assert_eq!(
+            a.reserved(),
+            12 * MIB + SMALL_BUFFER + LARGE_BUFFER,
+            "large < 10 MiB: 20 MiB"
+        );
+        assert_eq!(a.segments(), 3);
+        // The 20 MiB segment still has 19 MiB free: a 5 MiB request fits there.
+        a.alloc(5 * MIB, 0, None).unwrap();
+        assert_eq!(a.segments(), 3);
+    }
+
+    #[test]
+    fn native_split_rules_and_reuse() {
+        let mut a = CachingSim::new(CachingMode::Native);
+        // 12 MiB + 1.5 MiB → segment of 14 MiB; the rest (0.5 MiB) is ≤ 1 MiB: not split off.
+        let p = a.alloc(12 * MIB + 3 * MIB / 2, 0, None).unwrap();
+        let q = a.alloc(2 * MIB, 0, None).unwrap();
+        assert_eq!(a.segments(), 2, "the unsplit rest is not lent out");
+        a.free(p, 0, 0).unwrap();
+        // Best fit: the 14 MiB block, not the 18 MiB rest of the 20 MiB segment.
+        assert_eq!(a.alloc(13 * MIB, 0, None).unwrap(), p);
+        a.free(q, 0, 0).unwrap();
+        // The 20 MiB segment coalesced back into one block.
+        assert_eq!(a.alloc(20 * MIB - 512, 0, None).unwrap(), q);
+        assert_eq!(a.segments(), 2);
+        assert_eq!(a.peak_reserved(), 14 * MIB + 20 * MIB);
+    }
+
+    #[test]
+    fn streams_do_not_share() {
+        let mut a = CachingSim::new(CachingMode::Native);
+        let p = a.alloc(4096, 1, None).unwrap();
+        a.free(p, 4096, 1).unwrap();
+        a.alloc(4096, 2, None).unwrap();
+        assert_eq!(a.segments(), 2);
+        assert_eq!(a.alloc(4096, 1, None).unwrap(), p);
+    }
+
+    #[test]
+    fn expandable_maps_pages_at_the_end() {
+        let mut a = CachingSim::new(CachingMode::Expandable);
+        let p = a.alloc(3 * MIB, 0, None).unwrap();
+        assert_eq!(a.reserved(), LARGE_BUFFER);
+        // Fits in the mapped rest of the first page.
+        let q = a.alloc(17 * MIB, 0, None).unwrap();
+        assert_eq!(q, p + 3 * MIB);
+        assert_eq!(a.reserved(), LARGE_BUFFER);
+        // No room: one more 20 MiB page, the block starting at the old end.
+        let r = a.alloc(2 * MIB, 0, None).unwrap();
+        assert_eq!(r, p + 20 * MIB);
+        assert_eq!(a.reserved(), 2 * LARGE_BUFFER);
+        // The free tail (18 MiB) is extended rather than skipped: 30 MiB needs one more page.
+        let s = a.alloc(30 * MIB, 0, None).unwrap();
+        assert_eq!(s, r + 2 * MIB);
+        assert_eq!(a.reserved(), 3 * LARGE_BUFFER);
+        // Small requests have their own segment with 2 MiB pages.
+        a.alloc(512, 0, None).unwrap();
+        assert_eq!(a.reserved(), 3 * LARGE_BUFFER + SMALL_BUFFER);
+        assert_eq!(a.segments(), 2);
+    }
+
+    #[test]
+    fn bad_input_is_an_error() {
+        for mode in [CachingMode::Native, CachingMode::Expandable] {
+            let mut a = CachingSim::new(mode);
+            assert!(matches!(
+                a.alloc(0, 0, None),
+                Err(ReplayError::InvalidRequest { .. })
+            ));
+            assert!(matches!(
+                a.alloc(u64::MAX, 0, None),
+                Err(ReplayError::InvalidRequest { .. })
+            ));
+            let p = a.alloc(512, 0, None).unwrap();
+            a.free(p, 512, 0).unwrap();
+            assert_eq!(a.free(p, 512, 0), Err(ReplayError::InvalidFree { ptr: p }));
+            assert_eq!(
+                a.free(p + 512, 512, 0),
+                Err(ReplayError::InvalidFree { ptr: p + 512 })
+            );
+        }
+    }
+}
