@@ -94,3 +94,49 @@ pub fn run(a: &AnalyzeArgs, out: &mut dyn Write) -> Result<(), CliError> {
     })?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::run as cli;
+
+    #[test]
+    fn analyze_embedded_as_json() {
+        let mut out = Vec::new();
+        cli(
+            [
+                "genpool",
+                "analyze",
+                "--json",
+                "--strategy",
+                "native",
+                "--strategy",
+                "expandable",
+            ],
+            &mut out,
+        )
+        .unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+        assert_eq!(v["trace"], crate::EMBEDDED_NAME);
+        assert_eq!(v["ops"], 25_814);
+        let r = v["results"].as_array().unwrap();
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[0]["strategy"], "native");
+        assert_eq!(r[0]["measured"], 1.126);
+        assert!((r[0]["ratio"].as_f64().unwrap() - 1.126).abs() <= 0.02);
+        assert_eq!(r[1]["strategy"], "expandable");
+    }
+
+    #[test]
+    fn unknown_strategy_is_a_usage_error() {
+        let e = cli(
+            ["genpool", "analyze", "--strategy", "tlsf"],
+            &mut Vec::new(),
+        )
+        .unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.to_string().contains("unknown strategy `tlsf`"), "{e}");
+        let e = cli(["genpool", "report", "/nonexistent.csv"], &mut Vec::new()).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+    }
+}

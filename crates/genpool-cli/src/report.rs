@@ -37,3 +37,33 @@ pub fn run(a: &ReportArgs, out: &mut dyn Write) -> Result<(), CliError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::run as cli;
+
+    #[test]
+    fn report_to_stdout_and_to_a_file() {
+        let mut out = Vec::new();
+        cli(["genpool", "report", "--strategy", "rmm-pool"], &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with("# genpool analysis"), "{text}");
+        assert!(
+            text.contains("| resnet50_train | 2.97 GiB | 1.008 (1.008, "),
+            "{text}"
+        );
+
+        let path = std::env::temp_dir().join(format!("genpool-report-{}.md", std::process::id()));
+        let p = path.to_str().unwrap();
+        let mut out = Vec::new();
+        cli(
+            ["genpool", "report", "--strategy", "rmm-pool", "--out", p],
+            &mut out,
+        )
+        .unwrap();
+        assert!(out.is_empty());
+        let written = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(written, text);
+    }
+}
