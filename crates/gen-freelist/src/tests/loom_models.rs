@@ -152,3 +152,85 @@ fn front_cache_steal_races_home_pop_and_push() {
         assert_permutation(all, 3);
     });
 }
+
+/// A deliberately broken free list for the model below: the head holds the top index alone, with no
+/// tag, so a CAS cannot tell "A again" from "A all along". Test-only; never used by the crate.
+struct UntaggedStack {
+    head: loom::sync::atomic::AtomicU32,
+    links: Vec<loom::sync::atomic::AtomicU32>,
+}
+
+const UNTAGGED_NONE: u32 = u32::MAX;
+
+impl UntaggedStack {
+    /// Holds `0..n`, popping in that order.
+    fn new_full(n: u32) -> Self {
+        use loom::sync::atomic::AtomicU32;
+        let links = (0..n)
+            .map(|i| AtomicU32::new(if i + 1 < n { i + 1 } else { UNTAGGED_NONE }))
+            .collect();
+        UntaggedStack {
+            head: AtomicU32::new(if n > 0 { 0 } else { UNTAGGED_NONE }),
+            links,
+        }
+    }
+
+    fn push(&self, idx: u32) {
+        use loom::sync::atomic::Ordering;
+        let mut cur = self.head.load(Ordering::Relaxed);
+        loop {
+            self.links[idx as usize].store(cur, Ordering::Relaxed);
+            match self
+                .head
+                .compare_exchange(cur, idx, Ordering::Release, Ordering::Relaxed)
+            {
+                Ok(_) => return,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    fn pop(&self) -> Option<u32> {
+        use loom::sync::atomic::Ordering;
+        let mut cur = self.head.load(Ordering::Acquire);
+        loop {
+            if cur == UNTAGGED_NONE {
+                return None;
+            }
+            let next = self.links[cur as usize].load(Ordering::Relaxed);
+            match self
+                .head
+                .compare_exchange(cur, next, Ordering::Acquire, Ordering::Acquire)
+            {
+                Ok(_) => return Some(cur),
+                Err(now) => cur = now,
+            }
+        }
+    }
+}
+
+/// Proof that the models bite: the same ABA schedule as `aba_pop_pop_push_is_detected`, run on a head
+/// without a tag. loom finds the interleaving in which the stalled pop's CAS succeeds against the recycled
+/// top and installs a slot the other thread still owns, so a slot is handed out twice and the
+/// permutation check panics.
+#[test]
+#[should_panic(expected = "every slot exactly once")]
+fn aba_corrupts_an_untagged_head() {
+    run_model(|| {
+        let list = Arc::new(UntaggedStack::new_full(3));
+        let l2 = Arc::clone(&list);
+        let t = thread::spawn(move || {
+            let a = l2.pop();
+            let b = l2.pop();
+            if let Some(a) = a {
+                l2.push(a);
+            }
+            b
+        });
+        let mine = list.pop();
+        let b = t.join().unwrap();
+        let mut got: Vec<u32> = mine.into_iter().chain(b).collect();
+        got.extend(std::iter::from_fn(|| list.pop()).take(8));
+        assert_permutation(got, 3);
+    });
+}
