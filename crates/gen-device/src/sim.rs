@@ -77,6 +77,12 @@ pub const POOL_BASE: u64 = 0x5000_0000_0000;
 pub const VA_BASE: u64 = 0x7000_0000_0000;
 /// Size of each of the three address ranges (16 TiB).
 pub const SPACE_SIZE: u64 = 0x1000_0000_0000;
+/// A per-ordinal [`SimConfig::address_offset`] step: `ordinal as u64 * ORDINAL_STRIDE` places each
+/// simulated device's three ranges above every lower ordinal's, so several devices never hand out the same
+/// address (as real GPUs under unified virtual addressing).
+pub const ORDINAL_STRIDE: u64 = 1 << 48;
+// One stride apart, no range of one device reaches the next device's lowest range.
+const _: () = assert!(VA_BASE + SPACE_SIZE <= PLAIN_BASE + ORDINAL_STRIDE);
 /// Alignment (and size rounding) of plain allocations.
 pub const PLAIN_ALIGN: u64 = 512;
 /// Default capacity: 80 GiB.
@@ -98,6 +104,7 @@ pub struct SimConfig {
     name: String,
     granularity: u64,
     backed: bool,
+    address_offset: u64,
 }
 
 impl Default for SimConfig {
@@ -108,6 +115,7 @@ impl Default for SimConfig {
             name: "SimDevice".to_string(),
             granularity: DEFAULT_GRANULARITY,
             backed: false,
+            address_offset: 0,
         }
     }
 }
@@ -142,14 +150,31 @@ impl SimConfig {
         self.backed = on;
         self
     }
+    /// Shift all three address ranges up by `bytes` (default 0). Devices built with different offsets
+    /// (e.g. `ordinal as u64 * ORDINAL_STRIDE`, see [`ORDINAL_STRIDE`]) never hand out the same address.
+    pub fn address_offset(mut self, bytes: u64) -> Self {
+        self.address_offset = bytes;
+        self
+    }
     /// Build the device; `InvalidArgument` if the granularity is not a power of two ≥ 4 KiB or no larger
-    /// than the address ranges.
+    /// than the address ranges, or if the address offset is not a multiple of the granularity or moves
+    /// a range past the end of the 64-bit address space.
     pub fn build(self) -> Result<SimDevice> {
         let g = self.granularity;
         if !g.is_power_of_two() || !(4096..=SPACE_SIZE / 4).contains(&g) {
             return Err(inval(
                 "SimConfig::build",
                 format!("granularity {g:#x} must be a power of two between 4 KiB and 4 TiB"),
+            ));
+        }
+        let off = self.address_offset;
+        if off % g != 0 || (VA_BASE + SPACE_SIZE).checked_add(off).is_none() {
+            return Err(inval(
+                "SimConfig::build",
+                format!(
+                    "address offset {off:#x} must be a multiple of the granularity {g:#x} and keep \
+                     the address ranges below 2^64"
+                ),
             ));
         }
         Ok(SimDevice::from_config(self))
@@ -519,16 +544,16 @@ enum Target {
 }
 
 impl State {
-    fn new(capacity: u64) -> Self {
+    fn new(capacity: u64, offset: u64) -> Self {
         let mut streams = BTreeMap::new();
         streams.insert(0, Stream::default());
         State {
             capacity,
             held: 0,
             peak: 0,
-            plain_space: AddrSpace::new(PLAIN_BASE),
-            pool_space: AddrSpace::new(POOL_BASE),
-            va_space: AddrSpace::new(VA_BASE),
+            plain_space: AddrSpace::new(PLAIN_BASE + offset),
+            pool_space: AddrSpace::new(POOL_BASE + offset),
+            va_space: AddrSpace::new(VA_BASE + offset),
             plain: BTreeMap::new(),
             reservations: BTreeMap::new(),
             phys: BTreeMap::new(),
@@ -803,7 +828,7 @@ impl SimDevice {
                 supports_pools: true,
             },
             backed: c.backed,
-            state: Mutex::new(State::new(c.capacity)),
+            state: Mutex::new(State::new(c.capacity, c.address_offset)),
         }
     }
 
@@ -1549,3 +1574,44 @@ impl Device for SimDevice {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod offset_tests {
+    use super::*;
+
+    #[test]
+    fn address_offsets_keep_devices_disjoint() {
+        let devs: Vec<SimDevice> = (0..3u64)
+            .map(|i| {
+                SimDevice::config()
+                    .ordinal(i as usize)
+                    .address_offset(i * ORDINAL_STRIDE)
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        for (i, d) in devs.iter().enumerate() {
+            let off = i as u64 * ORDINAL_STRIDE;
+            let va = d.va_reserve(4 << 20, 0).unwrap();
+            assert!((VA_BASE + off..VA_BASE + off + SPACE_SIZE).contains(&va));
+            let plain = d.mem_alloc(4096).unwrap();
+            assert!((PLAIN_BASE + off..PLAIN_BASE + off + SPACE_SIZE).contains(&plain));
+            let pool = d.pool_create(0).unwrap();
+            let p = d.pool_alloc_async(pool, 4096, 0).unwrap();
+            assert!((POOL_BASE + off..POOL_BASE + off + SPACE_SIZE).contains(&p));
+        }
+    }
+
+    #[test]
+    fn bad_address_offsets_are_refused() {
+        let unaligned = SimDevice::config().address_offset(4096).build();
+        assert!(matches!(
+            unaligned,
+            Err(DeviceError::InvalidArgument { .. })
+        ));
+        let overflow = SimDevice::config()
+            .address_offset(u64::MAX - (1 << 21) + 1)
+            .build();
+        assert!(matches!(overflow, Err(DeviceError::InvalidArgument { .. })));
+    }
+}
