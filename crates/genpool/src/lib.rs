@@ -19,6 +19,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod devices;
 pub mod error;
 mod meta;
 mod pool;
@@ -27,6 +28,7 @@ pub mod replay;
 pub mod stats;
 
 pub use config::{Config, ConfigError, LongTier, MidTier, Routing};
+pub use devices::{DeviceFactory, Freed, Pools, PoolsStats};
 pub use error::{FreeFault, GenpoolError, OomReport, Result, TierUsage};
 pub use gen_classifier::Lifetime;
 pub use gen_device::{Device, DeviceError, StreamId};
