@@ -1,0 +1,351 @@
+//! Several simulated devices behind one `Pools`: routing by device, frees routed by address (the pointer
+//! only), per-device statistics, threads freeing each other's blocks, peer-use ordering, invalid indices.
+
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use gen_device::sim::{SimDevice, ORDINAL_STRIDE};
+use gen_device::{Device, DeviceError};
+use genpool::{
+    Config, FreeFault, GenpoolError, Hint, Lifetime, MidTier, Pools, StreamId, Tier, ALIGN,
+};
+use parking_lot::Mutex;
+
+const MIB: u64 = 1 << 20;
+const CAP: u64 = 1 << 30;
+
+/// `count` simulated devices with disjoint addresses, each also kept in the returned list so a test can
+/// drive its streams.
+fn sim_pools(count: usize, cfg: Config) -> (Pools, Arc<Mutex<Vec<Option<Arc<SimDevice>>>>>) {
+    let made = Arc::new(Mutex::new(vec![None; count]));
+    let keep = made.clone();
+    let pools = Pools::new(count, cfg, move |i| {
+        let dev = Arc::new(
+            SimDevice::config()
+                .ordinal(i)
+                .capacity(CAP)
+                .address_offset(i as u64 * ORDINAL_STRIDE)
+                .build()?,
+        );
+        keep.lock()[i] = Some(dev.clone());
+        Ok(dev as Arc<dyn Device>)
+    });
+    (pools, made)
+}
+
+fn hint(l: Lifetime) -> Hint {
+    Hint {
+        lifetime: Some(l),
+        site: None,
+    }
+}
+
+#[test]
+fn allocations_come_from_the_named_device() {
+    let pools = Pools::sim(4, CAP, Config::default());
+    assert_eq!(pools.count(), 4);
+    // Nothing is created before first use.
+    assert!((0..4).all(|d| pools.existing(d).unwrap().is_none()));
+    let mut blocks = Vec::new();
+    for d in [2usize, 0, 3, 1, 2] {
+        for size in [512u64, 3 * MIB] {
+            let b = pools.alloc(d, size, 0, Hint::NONE).unwrap();
+            assert_eq!(pools.owner(b.ptr), Some(d));
+            for other in 0..4 {
+                let held = pools
+                    .existing(other)
+                    .unwrap()
+                    .is_some_and(|p| p.lookup(b.ptr).is_some());
+                assert_eq!(held, other == d, "block of device {d} in device {other}");
+            }
+            assert_eq!(pools.pool(d).unwrap().device().props().ordinal, d);
+            blocks.push((d, b));
+        }
+    }
+    for d in 0..4 {
+        let s = pools.stats(d).unwrap();
+        let expect = blocks.iter().filter(|(o, _)| *o == d).count() as u64;
+        assert_eq!(s.num_allocs, expect, "device {d}");
+        let bytes: u64 = blocks
+            .iter()
+            .filter(|(o, _)| *o == d)
+            .map(|(_, b)| b.size)
+            .sum();
+        assert_eq!(s.allocated_current, bytes, "device {d}");
+    }
+}
+
+#[test]
+fn frees_are_routed_by_address() {
+    let pools = Pools::sim(4, CAP, Config::default());
+    let mut blocks = Vec::new();
+    for d in 0..4 {
+        for (i, l) in [Lifetime::Short, Lifetime::Mid, Lifetime::Long]
+            .into_iter()
+            .enumerate()
+        {
+            let size = (i as u64 + 1) * MIB + 512 * d as u64;
+            blocks.push((d, pools.alloc(d, size, 0, hint(l)).unwrap()));
+        }
+    }
+    // Free in an order unrelated to the devices, with the pointer only.
+    blocks.reverse();
+    blocks.rotate_left(5);
+    for (d, b) in &blocks {
+        let f = pools.free(b.ptr, 0).unwrap();
+        assert_eq!((f.device, f.size, f.deferred), (*d, b.size, false));
+        assert_eq!(pools.owner(b.ptr), None);
+    }
+    for d in 0..4 {
+        let s = pools.stats(d).unwrap();
+        assert_eq!((s.num_allocs, s.num_frees, s.allocated_current), (3, 3, 0));
+    }
+    // A second free of a freed block is a double free; foreign and null pointers are refused.
+    let (_, b) = blocks[0];
+    assert_eq!(
+        pools.free(b.ptr, 0),
+        Err(GenpoolError::InvalidFree {
+            ptr: b.ptr,
+            fault: FreeFault::DoubleFree
+        })
+    );
+    for (ptr, fault) in [(0xdead_0000u64, FreeFault::Unknown), (0, FreeFault::Null)] {
+        assert_eq!(
+            pools.free(ptr, 0),
+            Err(GenpoolError::InvalidFree { ptr, fault })
+        );
+    }
+    assert_eq!(pools.all_stats().unrouted_frees, 1);
+}
+
+#[test]
+fn stream_tier_blocks_route_where_ranges_overlap() {
+    // Device 1's addresses are only 1 TiB above device 0's: with stream-pool blocks below the VMM
+    // ranges, the two devices' address ranges overlap and the owner is found by lookup.
+    let cfg = Config {
+        mid_tier: MidTier::Stream,
+        ..Config::default()
+    };
+    let pools = Pools::new(2, cfg, |i| {
+        Ok(Arc::new(
+            SimDevice::config()
+                .ordinal(i)
+                .capacity(CAP)
+                .address_offset(i as u64 * (1 << 40))
+                .build()?,
+        ) as Arc<dyn Device>)
+    });
+    let mut blocks = Vec::new();
+    for d in [0usize, 1] {
+        for l in [Lifetime::Mid, Lifetime::Long, Lifetime::Short] {
+            blocks.push((d, pools.alloc(d, 2 * MIB, 0, hint(l)).unwrap()));
+        }
+    }
+    assert!(blocks.iter().any(|(_, b)| b.tier == Tier::Stream));
+    for (d, b) in &blocks {
+        assert_eq!(pools.owner(b.ptr), Some(*d));
+    }
+    for (d, b) in blocks.iter().rev() {
+        assert_eq!(pools.free(b.ptr, 0).unwrap().device, *d);
+    }
+    assert_eq!(pools.stats(0).unwrap().allocated_current, 0);
+    assert_eq!(pools.stats(1).unwrap().allocated_current, 0);
+}
+
+#[test]
+fn invalid_devices_give_clean_errors() {
+    let pools = Pools::sim(4, CAP, Config::default());
+    let invalid = |ordinal| GenpoolError::InvalidDevice { ordinal, count: 4 };
+    assert_eq!(pools.alloc(4, 512, 0, Hint::NONE).unwrap_err(), invalid(4));
+    assert_eq!(
+        pools.alloc(usize::MAX, 512, 0, Hint::NONE).unwrap_err(),
+        invalid(usize::MAX)
+    );
+    assert_eq!(pools.pool(9).unwrap_err(), invalid(9));
+    assert_eq!(pools.existing(4).unwrap_err(), invalid(4));
+    assert_eq!(pools.stats(5).unwrap_err(), invalid(5));
+    let b = pools.alloc(3, 512, 0, Hint::NONE).unwrap();
+    assert_eq!(pools.record_use(b.ptr, 4, 0).unwrap_err(), invalid(4));
+    // Nothing changed: the block frees normally.
+    assert_eq!(pools.free(b.ptr, 0).unwrap().device, 3);
+    assert_eq!(
+        GenpoolError::InvalidDevice {
+            ordinal: 4,
+            count: 4
+        }
+        .to_string(),
+        "invalid device 4: 4 device(s) present"
+    );
+    let none = Pools::sim(0, CAP, Config::default());
+    assert_eq!(
+        none.alloc(0, 512, 0, Hint::NONE).unwrap_err(),
+        GenpoolError::InvalidDevice {
+            ordinal: 0,
+            count: 0
+        }
+    );
+}
+
+#[test]
+fn a_device_that_fails_to_open_fails_alone() {
+    let pools = Pools::new(3, Config::default(), |i| {
+        if i == 1 {
+            Err(DeviceError::InvalidDevice {
+                ordinal: i,
+                count: 1,
+            })
+        } else {
+            Ok(Arc::new(
+                SimDevice::config()
+                    .ordinal(i)
+                    .capacity(CAP)
+                    .address_offset(i as u64 * ORDINAL_STRIDE)
+                    .build()?,
+            ) as Arc<dyn Device>)
+        }
+    });
+    for _ in 0..2 {
+        assert_eq!(
+            pools.alloc(1, 512, 0, Hint::NONE).unwrap_err(),
+            GenpoolError::Device(DeviceError::InvalidDevice {
+                ordinal: 1,
+                count: 1
+            })
+        );
+    }
+    assert!(pools.existing(1).unwrap().is_none());
+    let b = pools.alloc(2, 512, 0, Hint::NONE).unwrap();
+    assert_eq!(pools.free(b.ptr, 0).unwrap().device, 2);
+    assert_eq!(pools.all_stats().devices[1], None);
+}
+
+#[test]
+fn threads_free_each_others_blocks() {
+    const DEVICES: usize = 4;
+    let rounds: usize = if cfg!(miri) { 8 } else { 400 };
+    let pools = Arc::new(Pools::sim(DEVICES, CAP, Config::default()));
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..DEVICES)
+        .map(|_| mpsc::channel::<(usize, u64)>())
+        .unzip();
+    let handles: Vec<_> = receivers
+        .into_iter()
+        .enumerate()
+        .map(|(t, rx)| {
+            let pools = pools.clone();
+            // Thread t allocates on device t and hands every block to thread t + 1.
+            let tx = senders[(t + 1) % DEVICES].clone();
+            std::thread::spawn(move || {
+                let mut freed = 0usize;
+                for i in 0..rounds {
+                    let size = [512u64, 4096, 3 * MIB][i % 3] + (t as u64) * ALIGN;
+                    let stream: StreamId = 0;
+                    let b = pools.alloc(t, size, stream, Hint::NONE).unwrap();
+                    tx.send((t, b.ptr)).unwrap();
+                    while let Ok((owner, ptr)) = rx.try_recv() {
+                        assert_eq!(pools.free(ptr, 0).unwrap().device, owner);
+                        freed += 1;
+                    }
+                }
+                drop(tx);
+                (freed, rx)
+            })
+        })
+        .collect();
+    drop(senders);
+    let mut left = Vec::new();
+    let mut freed = 0;
+    for h in handles {
+        let (n, rx) = h.join().unwrap();
+        freed += n;
+        left.push(rx);
+    }
+    for rx in left {
+        for (owner, ptr) in rx.iter() {
+            assert_eq!(pools.free(ptr, 0).unwrap().device, owner);
+            freed += 1;
+        }
+    }
+    assert_eq!(freed, DEVICES * rounds);
+    for d in 0..DEVICES {
+        let s = pools.stats(d).unwrap();
+        assert_eq!(s.num_allocs, rounds as u64, "device {d}");
+        assert_eq!(s.num_frees, rounds as u64, "device {d}");
+        assert_eq!(s.allocated_current, 0, "device {d}");
+        assert_eq!(s.num_invalid_frees, 0, "device {d}");
+    }
+}
+
+#[test]
+fn a_peer_use_holds_the_block_until_its_work_is_done() {
+    let (pools, devs) = sim_pools(2, Config::default());
+    let b = pools.alloc(0, 3 * MIB, 0, hint(Lifetime::Short)).unwrap();
+    pools.pool(1).unwrap();
+    let peer = devs.lock()[1].clone().unwrap();
+    let peer_stream = peer.stream_create().unwrap();
+    pools.record_use(b.ptr, 1, peer_stream).unwrap();
+    // A kernel on the peer is still reading the block.
+    peer.pause_stream(peer_stream).unwrap();
+    let f = pools.free(b.ptr, 0).unwrap();
+    assert_eq!((f.device, f.size, f.deferred), (0, b.size, true));
+    // Held back: still live in its pool, not reusable, and a second free is a double free.
+    assert_eq!(pools.stats(0).unwrap().allocated_current, b.size);
+    assert_eq!(pools.poll_deferred(), 0);
+    assert_eq!(
+        pools.free(b.ptr, 0).unwrap_err(),
+        GenpoolError::InvalidFree {
+            ptr: b.ptr,
+            fault: FreeFault::DoubleFree
+        }
+    );
+    assert!(pools.record_use(b.ptr, 1, peer_stream).is_err());
+    let other = pools.alloc(0, 3 * MIB, 0, hint(Lifetime::Short)).unwrap();
+    assert_ne!(other.ptr, b.ptr, "reused while the peer still uses it");
+    let s = pools.all_stats();
+    assert_eq!((s.deferred_frees, s.deferred_pending), (1, 1));
+    // Waiting cannot succeed while the peer's stream is stalled: an error, and the block stays held.
+    assert!(pools.flush_deferred().is_err());
+    assert_eq!(pools.all_stats().deferred_pending, 1);
+    // The kernel finishes: the next call releases the block.
+    peer.resume_stream(peer_stream).unwrap();
+    pools.free(other.ptr, 0).unwrap();
+    assert_eq!(pools.all_stats().deferred_pending, 0);
+    let s = pools.stats(0).unwrap();
+    assert_eq!((s.num_frees, s.allocated_current), (2, 0));
+}
+
+#[test]
+fn a_use_on_another_stream_of_the_owner_orders_the_free() {
+    let (pools, devs) = sim_pools(2, Config::default());
+    let b = pools.alloc(1, 4096, 0, Hint::NONE).unwrap();
+    let dev = devs.lock()[1].clone().unwrap();
+    let side = dev.stream_create().unwrap();
+    pools.record_use(b.ptr, 1, side).unwrap();
+    pools.record_use(b.ptr, 1, side).unwrap();
+    // A use on the free's own stream needs nothing.
+    pools.record_use(b.ptr, 1, 0).unwrap();
+    let f = pools.free(b.ptr, 0).unwrap();
+    assert_eq!((f.device, f.deferred), (1, false));
+    let s = pools.all_stats();
+    assert_eq!((s.stream_waits, s.deferred_frees), (1, 0));
+    assert_eq!(pools.stats(1).unwrap().allocated_current, 0);
+    // Recording a use of something that is not a live block is refused.
+    assert_eq!(
+        pools.record_use(b.ptr, 0, 0).unwrap_err(),
+        GenpoolError::InvalidFree {
+            ptr: b.ptr,
+            fault: FreeFault::Unknown
+        }
+    );
+}
+
+#[test]
+fn open_sim_gives_disjoint_devices() {
+    let pools = Pools::open(gen_device::DeviceKind::Sim, 3, Config::default());
+    let ptrs: Vec<u64> = (0..3)
+        .map(|d| pools.alloc(d, MIB, 0, Hint::NONE).unwrap().ptr)
+        .collect();
+    for (d, &p) in ptrs.iter().enumerate() {
+        assert_eq!(pools.owner(p), Some(d));
+        assert_eq!(pools.free(p, 0).unwrap().device, d);
+    }
+}
