@@ -14,9 +14,12 @@ use parking_lot::Mutex;
 const MIB: u64 = 1 << 20;
 const CAP: u64 = 1 << 30;
 
+/// The simulated devices a factory made, by index.
+type Made = Arc<Mutex<Vec<Option<Arc<SimDevice>>>>>;
+
 /// `count` simulated devices with disjoint addresses, each also kept in the returned list so a test can
 /// drive its streams.
-fn sim_pools(count: usize, cfg: Config) -> (Pools, Arc<Mutex<Vec<Option<Arc<SimDevice>>>>>) {
+fn sim_pools(count: usize, cfg: Config) -> (Pools, Made) {
     let made = Arc::new(Mutex::new(vec![None; count]));
     let keep = made.clone();
     let pools = Pools::new(count, cfg, move |i| {
