@@ -28,7 +28,8 @@ void *genpool_malloc(size_t size,
 
 /**
  * Free `ptr` of device `device` on `stream` (PyTorch's `free_fn`; `size` is the size PyTorch asked for
- * and is not needed). A pointer this plug-in did not hand out, or one freed twice, is refused: counted,
+ * and is not needed). A pointer outside the addresses `device` ever handed out is routed by address to
+ * the device that owns it. A pointer this plug-in did not hand out, or one freed twice, is refused: counted,
  * logged once per pointer, never a crash. NULL is ignored.
  */
 void genpool_free(void *ptr,

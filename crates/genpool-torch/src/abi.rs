@@ -85,7 +85,8 @@ fn free_on(state: &DeviceState, ptr: u64, stream: u64) -> Result<u64, PluginErro
 }
 
 /// Free `ptr` of device `device` on `stream` (PyTorch's `free_fn`; `size` is the size PyTorch asked for
-/// and is not needed). A pointer this plug-in did not hand out, or one freed twice, is refused: counted,
+/// and is not needed). A pointer outside the addresses `device` ever handed out is routed by address to
+/// the device that owns it. A pointer this plug-in did not hand out, or one freed twice, is refused: counted,
 /// logged once per pointer, never a crash. NULL is ignored.
 #[no_mangle]
 pub extern "C" fn genpool_free(ptr: *mut c_void, size: usize, device: c_int, stream: cudaStream_t) {
@@ -96,7 +97,20 @@ pub extern "C" fn genpool_free(ptr: *mut c_void, size: usize, device: c_int, str
         }
         let addr = ptr.addr() as u64;
         let res = registry::existing(device.into()).and_then(|s| match s {
+            // A block of another device (freed with the wrong index): route it by address.
+            Some(s) if !s.contains(addr) => match registry::owner_by_address(addr, s.index()) {
+                Some(owner) => free_on(owner, addr, stream_id(stream)),
+                None => free_on(s, addr, stream_id(stream)),
+            },
             Some(s) => free_on(s, addr, stream_id(stream)),
+            None if device >= 0 => match registry::owner_by_address(addr, usize::MAX) {
+                Some(owner) => free_on(owner, addr, stream_id(stream)),
+                None => Err(GenpoolError::InvalidFree {
+                    ptr: addr,
+                    fault: FreeFault::Unknown,
+                }
+                .into()),
+            },
             None => Err(GenpoolError::InvalidFree {
                 ptr: addr,
                 fault: FreeFault::Unknown,

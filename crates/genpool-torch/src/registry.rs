@@ -60,6 +60,10 @@ pub(crate) struct DeviceState {
     pub(crate) stream_waits: AtomicU64,
     /// Frees ordered by a whole-device synchronize because an event call failed.
     pub(crate) sync_fallbacks: AtomicU64,
+    /// Lowest address this device ever handed out (`u64::MAX` before the first).
+    lo: AtomicU64,
+    /// One past the highest byte this device ever handed out (0 before the first).
+    hi: AtomicU64,
 }
 
 struct Slot {
@@ -134,14 +138,46 @@ fn open(index: usize) -> Result<DeviceState, PluginError> {
     let res = (|| {
         let backend = backend()?;
         let cfg = Config::from_env()?;
-        let device = gen_device::open(backend.kind(), index)
-            .map_err(|source| PluginError::Open { index, source })?;
+        let device =
+            open_device(backend, index).map_err(|source| PluginError::Open { index, source })?;
         build(index, device, cfg)
     })();
     if let Err(e) = &res {
         log::error!("genpool: device {index} unavailable: {e}");
     }
     res
+}
+
+/// A simulated device of ordinal `index` whose addresses never meet another index's (as GPUs under
+/// unified virtual addressing), so a free can be routed by address.
+fn sim_device(index: usize) -> Result<Arc<dyn Device>, gen_device::DeviceError> {
+    let offset = index as u64 * gen_device::sim::ORDINAL_STRIDE;
+    Ok(Arc::new(
+        gen_device::sim::SimConfig::new()
+            .ordinal(index)
+            .address_offset(offset)
+            .build()?,
+    ))
+}
+
+fn open_device(backend: Backend, index: usize) -> Result<Arc<dyn Device>, gen_device::DeviceError> {
+    match backend {
+        Backend::Sim => sim_device(index),
+        Backend::Cuda => gen_device::open(backend.kind(), index),
+        Backend::Auto => match gen_device::open(gen_device::DeviceKind::Cuda, index) {
+            Err(gen_device::DeviceError::NoDriver(why)) => {
+                log::info!("genpool: no CUDA ({why}); using the simulated device");
+                sim_device(index)
+            }
+            other => other,
+        },
+    }
+}
+
+/// The created device whose address range holds `addr`, other than `not` (a free PyTorch issued with
+/// another device's index, or one that came through a peer). `#devices` pairs of relaxed loads.
+pub(crate) fn owner_by_address(addr: u64, not: usize) -> Option<&'static DeviceState> {
+    all_existing().find(|s| s.index != not && s.contains(addr))
 }
 
 fn build(index: usize, device: Arc<dyn Device>, cfg: Config) -> Result<DeviceState, PluginError> {
@@ -158,6 +194,8 @@ fn build(index: usize, device: Arc<dyn Device>, cfg: Config) -> Result<DeviceSta
         events: Mutex::new(Vec::new()),
         stream_waits: AtomicU64::new(0),
         sync_fallbacks: AtomicU64::new(0),
+        lo: AtomicU64::new(u64::MAX),
+        hi: AtomicU64::new(0),
     })
 }
 
@@ -206,7 +244,22 @@ impl DeviceState {
                 }
             }
         }
-        Ok(self.pool.alloc(size, stream, Hint::NONE)?.ptr)
+        let b = self.pool.alloc(size, stream, Hint::NONE)?;
+        // Relaxed: a free of this block on another thread got the pointer after this call, through
+        // some synchronization, and coherence makes it see these stores.
+        if b.ptr < self.lo.load(Relaxed) {
+            self.lo.fetch_min(b.ptr, Relaxed);
+        }
+        if b.ptr + b.size > self.hi.load(Relaxed) {
+            self.hi.fetch_max(b.ptr + b.size, Relaxed);
+        }
+        Ok(b.ptr)
+    }
+
+    /// Whether `addr` lies in the range of addresses this device ever handed out.
+    #[inline]
+    pub(crate) fn contains(&self, addr: u64) -> bool {
+        self.lo.load(Relaxed) <= addr && addr < self.hi.load(Relaxed)
     }
 
     /// Make `stream` wait for the work queued so far on each of `others`, so that a block freed on
