@@ -1,10 +1,13 @@
 //! A host simulation of PyTorch's `CUDACachingAllocator` (the "native" allocator), with and without
 //! `expandable_segments:True`. Pure address arithmetic over simulated segments; nothing is dereferenced.
 //!
-//! Policies simulated (PyTorch 2.x defaults: no `max_split_size_mb`, no `roundup_power2_divisions`,
-//! no garbage-collection threshold, memory never short, so cached segments are never released):
+//! Policies simulated (PyTorch 2.x; no garbage-collection threshold, memory never short, so cached
+//! segments are never released; the two knobs of [`Knobs`] as documented for
+//! `PYTORCH_CUDA_ALLOC_CONF`):
 //!
-//! - Requests are rounded up to 512 B ([`ROUND`]); a rounded size ≤ 1 MiB ([`SMALL_SIZE`]) goes to the
+//! - Requests are rounded up to 512 B ([`ROUND`]); with `roundup_power2_divisions:N` (N ≥ 2) a request
+//!   over 512·N B is rounded up to the next of N equal divisions of its power-of-two interval
+//!   (1200 MiB with N = 4 → 1280 MiB; exact powers of two stay). A rounded size ≤ 1 MiB ([`SMALL_SIZE`]) goes to the
 //!   *small* pool, anything larger to the *large* pool. Pools never lend to each other.
 //! - A request is served by the best-fitting free block of its pool *on its stream*: the smallest free
 //!   block of at least the rounded size, lowest address among equals.
@@ -12,6 +15,9 @@
 //!   2 MiB for small requests, 20 MiB for large ones under 10 MiB ([`MIN_LARGE_ALLOC`]), else the request
 //!   rounded up to 2 MiB. A block is split when the rest is ≥ 512 B (small pool) or > 1 MiB (large
 //!   pool); freed blocks merge with free neighbours of the same segment. Segments are never freed.
+//! - **`max_split_size_mb:M`**: blocks of M MiB or more are "oversize": never split (in the large
+//!   pool), never lent to a request under M MiB, and lent to a request of M MiB or more only when they
+//!   exceed it by less than 20 MiB.
 //! - **Expandable segments**: each (stream, pool) owns one segment of virtual address space that is
 //!   mapped from its start in pages of 2 MiB (small pool) or 20 MiB (large pool). With no fitting free
 //!   block, the request is placed at the end of the mapped range (starting inside the last block when
@@ -47,6 +53,64 @@ const EXPANDABLE_SPAN: u64 = 1 << 40;
 /// Largest request accepted.
 const MAX_REQUEST: u64 = 1 << 40;
 
+/// `PYTORCH_CUDA_ALLOC_CONF` settings beyond `expandable_segments`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
+pub struct Knobs {
+    /// `max_split_size_mb`: blocks of this many MiB or more are never split (`None`: unlimited).
+    /// PyTorch requires more than 20.
+    pub max_split_size_mb: Option<u32>,
+    /// `roundup_power2_divisions` for every size (0 or 1: off; else a power of two).
+    pub roundup_power2_divisions: u32,
+}
+
+impl Knobs {
+    /// Checks the values as PyTorch does: `max_split_size_mb` > 20, divisions 0, 1 or a power of two.
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some(m) = self.max_split_size_mb {
+            if m <= 20 {
+                return Err(format!("max_split_size_mb must be > 20, not {m}"));
+            }
+        }
+        let d = self.roundup_power2_divisions;
+        if d > 1 && !d.is_power_of_two() {
+            return Err(format!(
+                "roundup_power2_divisions must be a power of two, not {d}"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether every knob is at its default.
+    pub fn is_default(&self) -> bool {
+        self.max_split_size_mb.is_none() && self.roundup_power2_divisions <= 1
+    }
+
+    fn max_split(&self) -> u64 {
+        self.max_split_size_mb
+            .map_or(u64::MAX, |m| u64::from(m) << 20)
+    }
+
+    /// The block size PyTorch hands out for a request of `size` bytes (`round_size`).
+    pub fn round_size(&self, size: u64) -> u64 {
+        let d = u64::from(self.roundup_power2_divisions);
+        if size < ROUND {
+            ROUND
+        } else if d > 1 && size > ROUND * d {
+            if size.is_power_of_two() {
+                return size;
+            }
+            let floor = 1u64 << (63 - size.leading_zeros());
+            let step = floor / d;
+            if step == 0 {
+                return floor << 1;
+            }
+            round_up(size, step)
+        } else {
+            round_up(size, ROUND)
+        }
+    }
+}
+
 /// Which variant of the caching allocator is simulated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CachingMode {
@@ -78,6 +142,7 @@ struct Expandable {
 #[derive(Debug)]
 pub struct CachingSim {
     mode: CachingMode,
+    knobs: Knobs,
     blocks: BTreeMap<u64, Block>,
     /// Free blocks by (small pool?, stream, size, address): the allocator's `BlockComparatorSize` order.
     free: BTreeSet<(bool, u64, u64, u64)>,
@@ -95,10 +160,16 @@ fn round_up(x: u64, to: u64) -> u64 {
 }
 
 impl CachingSim {
-    /// An empty allocator in `mode`.
+    /// An empty allocator in `mode` with default settings.
     pub fn new(mode: CachingMode) -> Self {
+        Self::with_knobs(mode, Knobs::default())
+    }
+
+    /// An empty allocator in `mode` with `knobs` (assumed valid, see [`Knobs::validate`]).
+    pub fn with_knobs(mode: CachingMode, knobs: Knobs) -> Self {
         CachingSim {
             mode,
+            knobs,
             blocks: BTreeMap::new(),
             free: BTreeSet::new(),
             expandable: HashMap::new(),
@@ -202,7 +273,7 @@ impl CachingSim {
         if b.small || self.mode == CachingMode::Expandable {
             rest >= ROUND
         } else {
-            rest > SMALL_SIZE
+            size < self.knobs.max_split() && rest > SMALL_SIZE
         }
     }
 }
@@ -221,14 +292,23 @@ impl ReplayAllocator for CachingSim {
                 message: format!("torch sim: size {size} outside 1..=2^40"),
             });
         }
-        let size = round_up(size, ROUND);
+        let size = self.knobs.round_size(size);
         let small = size <= SMALL_SIZE;
+        let max_split = self.knobs.max_split();
         let found = self
             .free
             .range((small, stream, size, 0)..)
             .next()
             .copied()
-            .filter(|&(s, st, _, _)| s == small && st == stream);
+            .filter(|&(s, st, _, _)| s == small && st == stream)
+            // Oversize blocks serve only oversize requests, and only close fits.
+            .filter(|&(_, _, bsize, _)| {
+                if size < max_split {
+                    bsize < max_split
+                } else {
+                    bsize < size.saturating_add(LARGE_BUFFER)
+                }
+            });
         let (addr, block) = match found {
             Some((_, _, _, a)) => {
                 let b = self.blocks[&a];
@@ -377,6 +457,71 @@ mod tests {
         a.alloc(512, 0, None).unwrap();
         assert_eq!(a.reserved(), 3 * LARGE_BUFFER + SMALL_BUFFER);
         assert_eq!(a.segments(), 2);
+    }
+
+    #[test]
+    fn roundup_power2_divisions() {
+        let k = Knobs {
+            max_split_size_mb: None,
+            roundup_power2_divisions: 4,
+        };
+        assert_eq!(k.round_size(1), 512);
+        assert_eq!(k.round_size(2000), 2048, "≤ 512·4: plain 512 rounding");
+        assert_eq!(k.round_size(1200 * MIB), 1280 * MIB);
+        assert_eq!(k.round_size(1024 * MIB), 1024 * MIB, "powers of two stay");
+        assert_eq!(k.round_size(1025 * MIB), 1280 * MIB);
+        assert_eq!(k.round_size(5000), 5120, "4096..8192 in steps of 1024");
+        assert_eq!(Knobs::default().round_size(5000), 5120);
+        assert_eq!(
+            Knobs::default().round_size(1200 * MIB + 1),
+            1200 * MIB + 512
+        );
+        let mut a = CachingSim::with_knobs(CachingMode::Native, k);
+        a.alloc(1200 * MIB, 0, None).unwrap();
+        assert_eq!(a.reserved(), 1280 * MIB);
+    }
+
+    #[test]
+    fn max_split_size_keeps_oversize_blocks_whole() {
+        let k = Knobs {
+            max_split_size_mb: Some(64),
+            roundup_power2_divisions: 0,
+        };
+        let mut a = CachingSim::with_knobs(CachingMode::Native, k);
+        let big = a.alloc(100 * MIB, 0, None).unwrap();
+        a.free(big, 0, 0).unwrap();
+        // A small request does not take the oversize block: a new 20 MiB segment.
+        a.alloc(4 * MIB, 0, None).unwrap();
+        assert_eq!(a.segments(), 2);
+        // An oversize request within 20 MiB of it takes it whole (no split).
+        let p = a.alloc(90 * MIB, 0, None).unwrap();
+        assert_eq!(p, big);
+        a.free(p, 0, 0).unwrap();
+        // Too small a fit (≥ 20 MiB over): a new segment.
+        a.alloc(70 * MIB, 0, None).unwrap();
+        assert_eq!(a.segments(), 3);
+        assert_eq!(a.reserved(), 100 * MIB + 20 * MIB + 70 * MIB);
+        // Without the knob, the 100 MiB block would have been split for the 4 MiB request.
+        let mut d = CachingSim::new(CachingMode::Native);
+        let big = d.alloc(100 * MIB, 0, None).unwrap();
+        d.free(big, 0, 0).unwrap();
+        assert_eq!(d.alloc(4 * MIB, 0, None).unwrap(), big);
+        assert_eq!(d.segments(), 1);
+    }
+
+    #[test]
+    fn knobs_are_validated() {
+        assert!(Knobs::default().validate().is_ok());
+        let bad = Knobs {
+            max_split_size_mb: Some(20),
+            roundup_power2_divisions: 0,
+        };
+        assert!(bad.validate().unwrap_err().contains("> 20"));
+        let bad = Knobs {
+            max_split_size_mb: None,
+            roundup_power2_divisions: 3,
+        };
+        assert!(bad.validate().unwrap_err().contains("power of two"));
     }
 
     #[test]

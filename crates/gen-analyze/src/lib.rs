@@ -14,14 +14,20 @@
 #![warn(missing_docs)]
 
 pub mod caching;
+pub mod html;
+mod recommend;
 mod report;
 pub mod rmm;
+pub mod timeline;
 
 use gen_trace::{replay_plan, ReplayAllocator, ReplayError, ReplayOptions, ReplayPlan, Trace};
 
-pub use caching::{CachingMode, CachingSim};
+pub use caching::{CachingMode, CachingSim, Knobs};
+pub use html::write_html;
+pub use recommend::{recommend, Recommendation};
 pub use report::{write_report, write_table};
 pub use rmm::{fits, min_fixed_size, RmmPoolSim};
+pub use timeline::{record_timeline, Timeline};
 
 /// An allocator policy the analysis can run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -31,6 +37,9 @@ pub enum Strategy {
     Native,
     /// PyTorch's caching allocator with `expandable_segments:True`.
     Expandable,
+    /// PyTorch's caching allocator (native segments) with `max_split_size_mb` and/or
+    /// `roundup_power2_divisions` set.
+    NativeTuned(Knobs),
     /// RMM `pool_memory_resource`, smallest fixed size that replays the trace.
     RmmPool,
     /// The genpool engine on the simulated device.
@@ -46,18 +55,143 @@ impl Strategy {
         Strategy::Genpool,
     ];
 
-    /// The name used on the command line and in reports.
+    /// PyTorch settings tried by default besides `native` and `expandable`: `max_split_size_mb` (a
+    /// cap on splitting large cached blocks) and `roundup_power2_divisions` (coarser size classes).
+    pub const TORCH_SWEEP: [Strategy; 5] = [
+        Strategy::NativeTuned(Knobs {
+            max_split_size_mb: Some(64),
+            roundup_power2_divisions: 0,
+        }),
+        Strategy::NativeTuned(Knobs {
+            max_split_size_mb: Some(256),
+            roundup_power2_divisions: 0,
+        }),
+        Strategy::NativeTuned(Knobs {
+            max_split_size_mb: Some(1024),
+            roundup_power2_divisions: 0,
+        }),
+        Strategy::NativeTuned(Knobs {
+            max_split_size_mb: None,
+            roundup_power2_divisions: 4,
+        }),
+        Strategy::NativeTuned(Knobs {
+            max_split_size_mb: Some(256),
+            roundup_power2_divisions: 4,
+        }),
+    ];
+
+    /// What `genpool analyze` runs when no strategy is named: [`Strategy::ALL`] and
+    /// [`Strategy::TORCH_SWEEP`].
+    pub fn default_set() -> Vec<Strategy> {
+        Strategy::ALL
+            .into_iter()
+            .chain(Strategy::TORCH_SWEEP)
+            .collect()
+    }
+
+    /// Whether this is a PyTorch caching-allocator setting (a choice made with
+    /// `PYTORCH_CUDA_ALLOC_CONF`).
+    pub fn is_torch(self) -> bool {
+        matches!(
+            self,
+            Strategy::Native | Strategy::Expandable | Strategy::NativeTuned(_)
+        )
+    }
+
+    /// The strategy's full name with its settings: [`Strategy::name`], or for a tuned native allocator
+    /// `native:max_split_size_mb=256,roundup_power2_divisions=4` (the form [`Strategy::parse`] reads).
+    pub fn label(self) -> String {
+        match self {
+            Strategy::NativeTuned(k) => {
+                let mut parts = Vec::new();
+                if let Some(m) = k.max_split_size_mb {
+                    parts.push(format!("max_split_size_mb={m}"));
+                }
+                if k.roundup_power2_divisions > 1 {
+                    parts.push(format!(
+                        "roundup_power2_divisions={}",
+                        k.roundup_power2_divisions
+                    ));
+                }
+                if parts.is_empty() {
+                    "native".to_owned()
+                } else {
+                    format!("native:{}", parts.join(","))
+                }
+            }
+            s => s.name().to_owned(),
+        }
+    }
+
+    /// The `PYTORCH_CUDA_ALLOC_CONF` value that selects this strategy, for PyTorch strategies.
+    pub fn torch_conf(self) -> Option<String> {
+        match self {
+            Strategy::Native => Some(String::new()),
+            Strategy::Expandable => Some("expandable_segments:True".to_owned()),
+            Strategy::NativeTuned(k) => {
+                let mut parts = Vec::new();
+                if let Some(m) = k.max_split_size_mb {
+                    parts.push(format!("max_split_size_mb:{m}"));
+                }
+                if k.roundup_power2_divisions > 1 {
+                    parts.push(format!(
+                        "roundup_power2_divisions:{}",
+                        k.roundup_power2_divisions
+                    ));
+                }
+                Some(parts.join(","))
+            }
+            Strategy::RmmPool | Strategy::Genpool => None,
+        }
+    }
+
+    /// The name used on the command line and in reports (`native-tuned` for every tuned setting; see
+    /// [`Strategy::label`]).
     pub fn name(self) -> &'static str {
         match self {
             Strategy::Native => "native",
             Strategy::Expandable => "expandable",
+            Strategy::NativeTuned(_) => "native-tuned",
             Strategy::RmmPool => "rmm-pool",
             Strategy::Genpool => "genpool",
         }
     }
 
-    /// The strategy called `name` (see [`Strategy::name`]).
+    /// The strategy called `name` (see [`Strategy::name`]), or a native allocator with settings:
+    /// `native:max_split_size_mb=N,roundup_power2_divisions=M` (either or both; `:` also accepted
+    /// in place of `=`, as in `PYTORCH_CUDA_ALLOC_CONF`).
     pub fn parse(name: &str) -> Result<Strategy, AnalyzeError> {
+        if let Some(rest) = name.strip_prefix("native:") {
+            let bad = |message: String| AnalyzeError::BadSetting {
+                name: name.to_owned(),
+                message,
+            };
+            let mut k = Knobs::default();
+            for part in rest.split(',').filter(|p| !p.is_empty()) {
+                let (key, value) = part
+                    .split_once(['=', ':'])
+                    .ok_or_else(|| bad(format!("`{part}` is not key=value")))?;
+                let v: u32 = value
+                    .trim()
+                    .parse()
+                    .map_err(|_| bad(format!("`{value}` is not a whole number")))?;
+                match key.trim() {
+                    "max_split_size_mb" => k.max_split_size_mb = Some(v),
+                    "roundup_power2_divisions" => k.roundup_power2_divisions = v,
+                    other => {
+                        return Err(bad(format!(
+                            "unknown setting `{other}` (known: max_split_size_mb, roundup_power2_divisions)"
+                        )))
+                    }
+                }
+            }
+            k.validate().map_err(bad)?;
+            return Ok(if k.is_default() {
+                Strategy::Native
+            } else {
+                Strategy::NativeTuned(k)
+            });
+        }
         Strategy::ALL
             .into_iter()
             .find(|s| s.name() == name)
@@ -72,7 +206,7 @@ impl Strategy {
             Strategy::Native => Some("native"),
             Strategy::Expandable => Some("expandable"),
             Strategy::RmmPool => Some("rmm-pool"),
-            Strategy::Genpool => None,
+            Strategy::NativeTuned(_) | Strategy::Genpool => None,
         }
     }
 }
@@ -102,10 +236,24 @@ pub fn anchor(trace: &str, mode: &str) -> Option<f64> {
 #[derive(Debug, thiserror::Error)]
 pub enum AnalyzeError {
     /// A strategy name nobody knows.
-    #[error("unknown strategy `{name}` (known: native, expandable, rmm-pool, genpool)")]
+    #[error("unknown strategy `{name}` (known: native, expandable, rmm-pool, genpool, native:max_split_size_mb=N,roundup_power2_divisions=M)")]
     UnknownStrategy {
         /// The name given.
         name: String,
+    },
+    /// A PyTorch setting that PyTorch would refuse, or that cannot be read.
+    #[error("bad setting in `{name}`: {message}")]
+    BadSetting {
+        /// The strategy as given.
+        name: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The trace has no allocations: there is nothing to analyze.
+    #[error("{trace}: the trace has no allocations")]
+    EmptyTrace {
+        /// Trace name.
+        trace: String,
     },
     /// The genpool engine could not be made.
     #[error("genpool engine: {0}")]
@@ -155,6 +303,8 @@ pub struct Analysis {
     pub peak_live: u64,
     /// One result per strategy asked for, in the order asked.
     pub results: Vec<StrategyResult>,
+    /// Which setting to use and why, in numbers.
+    pub recommendation: Recommendation,
 }
 
 impl Analysis {
@@ -165,7 +315,7 @@ impl Analysis {
 }
 
 /// Memory of the simulated device the engine runs on: an H200's.
-const SIM_CAPACITY: u64 = 141 << 30;
+pub(crate) const SIM_CAPACITY: u64 = 141 << 30;
 
 fn engine() -> Result<genpool::replay::EngineReplay, AnalyzeError> {
     let dev = gen_device::sim::SimConfig::new()
@@ -197,13 +347,25 @@ pub fn peak_reserved(trace: &Trace, plan: &ReplayPlan, s: Strategy) -> Result<u6
         Strategy::Expandable => {
             one_pass(plan, &mut CachingSim::new(CachingMode::Expandable)).map_err(err)
         }
+        Strategy::NativeTuned(k) => {
+            k.validate().map_err(|message| AnalyzeError::BadSetting {
+                name: s.label(),
+                message,
+            })?;
+            one_pass(plan, &mut CachingSim::with_knobs(CachingMode::Native, k)).map_err(err)
+        }
         Strategy::RmmPool => min_fixed_size(trace, &RmmPoolSim::new).map_err(err),
         Strategy::Genpool => one_pass(plan, &mut engine()?).map_err(err),
     }
 }
 
-/// Runs `strategies` on `trace`.
+/// Runs `strategies` on `trace`. A trace without allocations is an error ([`AnalyzeError::EmptyTrace`]).
 pub fn analyze(trace: &Trace, strategies: &[Strategy]) -> Result<Analysis, AnalyzeError> {
+    if trace.summary.allocs == 0 {
+        return Err(AnalyzeError::EmptyTrace {
+            trace: trace.name.clone(),
+        });
+    }
     let plan = ReplayPlan::new(trace).map_err(|source| AnalyzeError::Replay {
         trace: trace.name.clone(),
         strategy: "plan",
@@ -220,11 +382,13 @@ pub fn analyze(trace: &Trace, strategies: &[Strategy]) -> Result<Analysis, Analy
             measured: s.anchor_mode().and_then(|m| anchor(&trace.name, m)),
         });
     }
+    let recommendation = recommend::recommend_from(peak_live, &results);
     Ok(Analysis {
         trace: trace.name.clone(),
         ops: trace.ops(),
         streams: trace.summary.streams.len(),
         peak_live,
         results,
+        recommendation,
     })
 }

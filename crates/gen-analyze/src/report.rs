@@ -27,21 +27,31 @@ pub fn write_table(out: &mut dyn Write, a: &Analysis) -> io::Result<()> {
         if a.streams == 1 { "" } else { "s" },
         gib(a.peak_live)
     )?;
+    let w = a
+        .results
+        .iter()
+        .map(|r| r.strategy.label().len())
+        .max()
+        .unwrap_or(0)
+        .max(11);
     writeln!(
         out,
-        "  {:<11}  {:>13}  {:>6}  {:>8}  {:>6}",
+        "  {:<w$}  {:>13}  {:>6}  {:>8}  {:>6}",
         "strategy", "peak reserved", "ratio", "measured", "error"
     )?;
     for r in &a.results {
         writeln!(
             out,
-            "  {:<11}  {:>13}  {:>6}  {:>8}  {:>6}",
-            r.strategy.name(),
+            "  {:<w$}  {:>13}  {:>6}  {:>8}  {:>6}",
+            r.strategy.label(),
             gib(r.peak_reserved),
             ratio(r.ratio),
             ratio(r.measured),
             signed(r.error()),
         )?;
+    }
+    for line in a.recommendation.reasons() {
+        writeln!(out, "  {line}")?;
     }
     writeln!(out)
 }
@@ -62,7 +72,7 @@ pub fn write_report(out: &mut dyn Write, analyses: &[Analysis]) -> io::Result<()
     let strategies: Vec<_> = first.results.iter().map(|r| r.strategy).collect();
     write!(out, "| trace | peak live |")?;
     for s in &strategies {
-        write!(out, " {} |", s.name())?;
+        write!(out, " {} |", s.label())?;
     }
     writeln!(out)?;
     write!(out, "|---|---|")?;
@@ -92,12 +102,20 @@ pub fn write_report(out: &mut dyn Write, analyses: &[Analysis]) -> io::Result<()
         writeln!(out)?;
     }
     writeln!(out)?;
+    for a in analyses {
+        writeln!(
+            out,
+            "**{}**: {}\n",
+            a.trace,
+            a.recommendation.reasons().join(" ")
+        )?;
+    }
     for (s, w) in strategies.iter().zip(&worst) {
         if let Some(w) = w {
             writeln!(
                 out,
                 "- {}: largest |error| against the measured anchor {w:.3}",
-                s.name()
+                s.label()
             )?;
         }
     }

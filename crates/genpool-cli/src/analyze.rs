@@ -1,13 +1,16 @@
-//! `genpool analyze [TRACE...] [--strategy NAME]... [--json]`: what each allocator policy would reserve
-//! on each trace — PyTorch's caching allocator (native, expandable segments) and RMM's pool, simulated on
-//! the host, and the genpool engine on the simulated device — with the ratios measured on the GPU beside
-//! them (see `gen_analyze`). With no TRACE it analyzes the embedded `resnet50_train` trace.
+//! `genpool analyze [TRACE|SNAPSHOT.pickle...] [--strategy NAME]... [--json]`: what each allocator
+//! policy would reserve on each trace — PyTorch's caching allocator (native, expandable segments, and
+//! native with `max_split_size_mb` / `roundup_power2_divisions`) and RMM's pool, simulated on the
+//! host, and the genpool engine on the simulated device — with the ratios measured on the GPU beside
+//! them (see `gen_analyze`), and a recommendation with its reasons in numbers. With no TRACE it
+//! analyzes the embedded `resnet50_train` trace. A file that is not a trace (e.g. a pickle that is not
+//! a memory snapshot) or that has no allocations exits with code 2 before any work.
 
 use std::io::Write;
 use std::path::PathBuf;
 
 use gen_analyze::{analyze, Analysis, AnalyzeError, Strategy};
-use gen_trace::{load_bytes, load_path, Trace};
+use gen_trace::{load_bytes, load_path, Trace, TraceError};
 
 use crate::{CliError, EMBEDDED_NAME, EMBEDDED_TRACE};
 
@@ -16,10 +19,12 @@ use crate::{CliError, EMBEDDED_NAME, EMBEDDED_TRACE};
 pub struct AnalyzeArgs {
     /// Trace files (any format `genpool replay` reads). None: the embedded resnet50_train trace.
     pub traces: Vec<PathBuf>,
-    /// Strategy to run; repeat for several [default: all]: native, expandable, rmm-pool, genpool.
+    /// Strategy to run; repeat for several [default: native, expandable, rmm-pool, genpool and five
+    /// tuned native settings]. A tuned native allocator is written
+    /// `native:max_split_size_mb=N,roundup_power2_divisions=M` (either or both).
     #[arg(long = "strategy", value_name = "NAME", value_parser = parse_strategy)]
     pub strategies: Vec<Strategy>,
-    /// Print one JSON object per trace per line instead of tables.
+    /// Print one JSON object per trace per line instead of tables (with `recommendation`).
     #[arg(long)]
     pub json: bool,
 }
@@ -29,26 +34,37 @@ pub(crate) fn parse_strategy(s: &str) -> Result<Strategy, String> {
     Strategy::parse(s).map_err(|e| e.to_string())
 }
 
-/// The traces named, or the embedded one when none is.
+/// The traces named, or the embedded one when none is. A file with no allocations (an empty CSV, a
+/// snapshot whose device traces are empty) is bad input: there is nothing to analyze.
 pub(crate) fn load_traces(paths: &[PathBuf]) -> Result<Vec<Trace>, CliError> {
     let mut traces = Vec::new();
     if paths.is_empty() {
         traces.extend(load_bytes(EMBEDDED_NAME, EMBEDDED_TRACE)?);
     }
     for p in paths {
-        traces.extend(load_path(p)?);
+        let got = load_path(p)?;
+        if got.iter().all(|t| t.summary.allocs == 0) {
+            return Err(CliError::Trace(TraceError::new(
+                p.display().to_string(),
+                0,
+                None,
+                "no allocations in the trace: nothing to analyze",
+            )));
+        }
+        traces.extend(got.into_iter().filter(|t| t.summary.allocs > 0));
     }
     Ok(traces)
 }
 
-/// Runs the strategies asked for (all when none) on every trace.
+/// Runs the strategies asked for (`defaults` when none) on every trace.
 pub(crate) fn analyze_all(
     traces: &[Trace],
     strategies: &[Strategy],
+    defaults: &[Strategy],
     each: &mut dyn FnMut(&Analysis) -> Result<(), CliError>,
 ) -> Result<Vec<Analysis>, CliError> {
     let strategies = if strategies.is_empty() {
-        &Strategy::ALL[..]
+        defaults
     } else {
         strategies
     };
@@ -68,10 +84,18 @@ pub(crate) fn analyze_all(
                 name: "genpool".to_owned(),
                 message,
             },
-            e @ AnalyzeError::UnknownStrategy { .. } => CliError::Allocator {
-                name: String::new(),
-                message: e.to_string(),
-            },
+            AnalyzeError::EmptyTrace { trace } => CliError::Trace(TraceError::new(
+                trace,
+                0,
+                None,
+                "no allocations in the trace: nothing to analyze",
+            )),
+            e @ (AnalyzeError::UnknownStrategy { .. } | AnalyzeError::BadSetting { .. }) => {
+                CliError::Allocator {
+                    name: String::new(),
+                    message: e.to_string(),
+                }
+            }
         })?;
         each(&a)?;
         out.push(a);
@@ -82,16 +106,21 @@ pub(crate) fn analyze_all(
 /// `genpool analyze`.
 pub fn run(a: &AnalyzeArgs, out: &mut dyn Write) -> Result<(), CliError> {
     let traces = load_traces(&a.traces)?;
-    analyze_all(&traces, &a.strategies, &mut |an| {
-        if a.json {
-            serde_json::to_writer(&mut *out, an).map_err(std::io::Error::from)?;
-            writeln!(out)?;
-        } else {
-            gen_analyze::write_table(out, an)?;
-        }
-        out.flush()?;
-        Ok(())
-    })?;
+    analyze_all(
+        &traces,
+        &a.strategies,
+        &Strategy::default_set(),
+        &mut |an| {
+            if a.json {
+                serde_json::to_writer(&mut *out, an).map_err(std::io::Error::from)?;
+                writeln!(out)?;
+            } else {
+                gen_analyze::write_table(out, an)?;
+            }
+            out.flush()?;
+            Ok(())
+        },
+    )?;
     Ok(())
 }
 

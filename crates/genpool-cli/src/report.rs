@@ -1,11 +1,16 @@
-//! `genpool report [TRACE...] [--strategy NAME]... [--out FILE]`: the analysis of `genpool analyze`
-//! over all traces as one Markdown report (ratios, each simulation's error against the ratio measured on
-//! the GPU, the worst error per strategy), to stdout or to FILE.
+//! `genpool report [TRACE...] [--strategy NAME]... [--out FILE] [--html FILE]`: the analysis of
+//! `genpool analyze` over all traces as one Markdown report (ratios, each simulation's error against
+//! the ratio measured on the GPU, the worst error per strategy, the recommendations), to stdout or to
+//! FILE; or, with `--html FILE`, a self-contained HTML page (inline SVG and CSS, no script, no
+//! network): per trace the strategies and the recommendation, live and reserved bytes per tier over
+//! time (the engine replayed on the simulated device), lifetime histograms per class, the classifier's
+//! confusion matrix and the sizes that waste the most (see `gen_analyze::html`). A progress bar shows
+//! on stderr while the engine replays, when stderr is a terminal.
 
-use std::io::Write;
-use std::path::PathBuf;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
 
-use gen_analyze::Strategy;
+use gen_analyze::{record_timeline, AnalyzeError, Strategy};
 
 use crate::analyze::{analyze_all, load_traces, parse_strategy};
 use crate::CliError;
@@ -18,15 +23,24 @@ pub struct ReportArgs {
     /// Strategy to run; repeat for several [default: all]: native, expandable, rmm-pool, genpool.
     #[arg(long = "strategy", value_name = "NAME", value_parser = parse_strategy)]
     pub strategies: Vec<Strategy>,
-    /// Write the report to this file instead of stdout.
-    #[arg(long, value_name = "FILE")]
+    /// Write the Markdown report to this file instead of stdout.
+    #[arg(long, value_name = "FILE", conflicts_with = "html")]
     pub out: Option<PathBuf>,
+    /// Write an HTML report (charts of the engine's replay) to this file instead of Markdown.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+    /// HTML: ops between samples of the timeline [default: about 1200 samples per trace].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub every: Option<u64>,
 }
 
 /// `genpool report`.
 pub fn run(a: &ReportArgs, out: &mut dyn Write) -> Result<(), CliError> {
     let traces = load_traces(&a.traces)?;
-    let analyses = analyze_all(&traces, &a.strategies, &mut |_| Ok(()))?;
+    if let Some(path) = &a.html {
+        return html(a, &traces, path);
+    }
+    let analyses = analyze_all(&traces, &a.strategies, &Strategy::ALL, &mut |_| Ok(()))?;
     match &a.out {
         Some(path) => {
             let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
@@ -35,6 +49,56 @@ pub fn run(a: &ReportArgs, out: &mut dyn Write) -> Result<(), CliError> {
         }
         None => gen_analyze::write_report(out, &analyses)?,
     }
+    Ok(())
+}
+
+fn html(a: &ReportArgs, traces: &[gen_trace::Trace], path: &Path) -> Result<(), CliError> {
+    let defaults = Strategy::default_set();
+    let analyses = analyze_all(traces, &a.strategies, &defaults, &mut |_| Ok(()))?;
+    let total: u64 = traces.iter().map(|t| t.ops()).sum();
+    let progress = std::io::stderr().is_terminal().then(|| {
+        let pb = indicatif::ProgressBar::new(total);
+        pb.set_style(
+            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} ops  {msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        pb
+    });
+    let mut timelines = Vec::with_capacity(traces.len());
+    let mut base = 0;
+    for t in traces {
+        if let Some(pb) = &progress {
+            pb.set_message(t.name.clone());
+        }
+        let tl = record_timeline(t, genpool::Config::default(), a.every, &mut |done| {
+            if let Some(pb) = &progress {
+                pb.set_position(base + done);
+            }
+        })
+        .map_err(|e| match e {
+            AnalyzeError::Replay {
+                trace,
+                strategy,
+                source,
+            } => CliError::Replay {
+                trace,
+                allocator: strategy.to_owned(),
+                source,
+            },
+            e => CliError::Allocator {
+                name: "genpool".to_owned(),
+                message: e.to_string(),
+            },
+        })?;
+        base += t.ops();
+        timelines.push(tl);
+    }
+    if let Some(pb) = progress {
+        pb.finish_and_clear();
+    }
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    gen_analyze::write_html(&mut f, &timelines, &analyses)?;
+    f.flush()?;
     Ok(())
 }
 
