@@ -102,6 +102,45 @@ impl ExtentCore {
         Some(off)
     }
 
+    /// Up to `k` placements for `size` bytes (rounded up to 512 B), best fit first: for each of the `k`
+    /// smallest free extents that fit, the block at the extent's start and, when the extent is larger, at
+    /// its end. Offsets only; nothing changes.
+    pub fn candidates(&self, size: u64, k: usize) -> Vec<u64> {
+        let Some(size) = round_size(size) else {
+            return Vec::new();
+        };
+        let mut out = Vec::with_capacity(2 * k);
+        for &(ext_size, off) in self.by_size.range((size, 0)..).take(k) {
+            out.push(off);
+            if ext_size > size {
+                out.push(off + ext_size - size);
+            }
+        }
+        out
+    }
+
+    /// Allocate `size` bytes (rounded up to 512 B) at `offset`, which must lie with the whole block inside
+    /// one free extent (as [`candidates`](Self::candidates) returns). Returns `None`, changing nothing,
+    /// otherwise.
+    pub fn alloc_at(&mut self, offset: u64, size: u64) -> Option<u64> {
+        let size = round_size(size)?;
+        let (&ext_off, &ext_size) = self.by_off.range(..=offset).next_back()?;
+        let end = offset.checked_add(size)?;
+        if offset % MIN_BLOCK != 0 || end > ext_off + ext_size {
+            return None;
+        }
+        self.remove_free(ext_off, ext_size);
+        if offset > ext_off {
+            self.insert_free(ext_off, offset - ext_off);
+        }
+        if ext_off + ext_size > end {
+            self.insert_free(end, ext_off + ext_size - end);
+        }
+        self.live.insert(offset, size);
+        self.live_bytes += size;
+        Some(offset)
+    }
+
     /// Size of the live block starting at `offset`, if any.
     pub fn block_size(&self, offset: u64) -> Option<u64> {
         self.live.get(&offset).copied()
@@ -199,6 +238,31 @@ impl ExtentCore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn candidates_and_alloc_at_place_inside_free_extents() {
+        let mut c = ExtentCore::new(64 * 512);
+        let a = c.alloc(4 * 512).unwrap();
+        let b = c.alloc(8 * 512).unwrap();
+        let _keep = c.alloc(512).unwrap();
+        c.free(a).unwrap();
+        c.free(b).unwrap();
+        // Free: [0, 12) units (a and b coalesced) and [13, 64).
+        let cands = c.candidates(2 * 512, 2);
+        assert_eq!(
+            cands,
+            vec![0, 10 * 512, 13 * 512, 62 * 512],
+            "both ends, best fit first"
+        );
+        assert_eq!(c.alloc_at(10 * 512, 2 * 512), Some(10 * 512));
+        assert_eq!(c.free_ranges(), vec![(0, 10 * 512), (13 * 512, 51 * 512)]);
+        // Overlapping a live block, unaligned, or past the end: refused, nothing changed.
+        assert_eq!(c.alloc_at(11 * 512, 512), None);
+        assert_eq!(c.alloc_at(100, 512), None);
+        assert_eq!(c.alloc_at(63 * 512, 2 * 512), None);
+        assert_eq!(c.free_ranges(), vec![(0, 10 * 512), (13 * 512, 51 * 512)]);
+        c.check().unwrap();
+    }
 
     const U: u64 = MIN_BLOCK;
 

@@ -78,6 +78,9 @@ pub struct ExtentConfig {
     pub va_bytes: u64,
     /// Name given to the region (errors, stats).
     pub name: &'static str,
+    /// How many of the best-fitting free extents page-aware placement compares (either end of each);
+    /// 0 or 1 = plain best fit.
+    pub placement_candidates: usize,
 }
 
 impl Default for ExtentConfig {
@@ -85,6 +88,7 @@ impl Default for ExtentConfig {
         ExtentConfig {
             va_bytes: 0,
             name: "gen-extent",
+            placement_candidates: 1,
         }
     }
 }
@@ -130,6 +134,8 @@ pub struct ExtentArena {
     base: u64,
     len: u64,
     page: u64,
+    /// See [`ExtentConfig::placement_candidates`].
+    placement_candidates: usize,
     inner: Mutex<Inner>,
 }
 
@@ -166,6 +172,7 @@ impl ExtentArena {
             base,
             len,
             page,
+            placement_candidates: cfg.placement_candidates,
             inner: Mutex::new(Inner {
                 core: ExtentCore::new(len),
                 tally: PageTally::new(page),
@@ -180,12 +187,34 @@ impl ExtentArena {
     /// Allocate `size` bytes (rounded up to 512 B, 512-B aligned), best fit, and commit exactly those
     /// bytes. With `grow == false`, fails with [`ExtentError::WouldGrow`] rather than create physical
     /// pages. On error nothing changed.
+    /// Choose where a block of `rounded` bytes goes and take it from the core. Page-aware best fit:
+    /// among the few best-fitting free extents (either end of each), the placement that needs the fewest
+    /// pages mapped — reusing address ranges whose pages are still mapped is what lets a training loop's
+    /// steady state run without moving pages (each move costs a synchronize, an unmap and a map).
+    /// Ties keep best-fit order.
+    fn place(&self, core: &mut ExtentCore, rounded: u64) -> Option<u64> {
+        if self.placement_candidates <= 1 {
+            return core.alloc(rounded);
+        }
+        let cands = core.candidates(rounded, self.placement_candidates);
+        if cands.len() <= 1 {
+            return core.alloc(rounded);
+        }
+        let ranges: Vec<(u64, u64)> = cands.iter().map(|&o| (o, rounded)).collect();
+        let costs = self.region.unbacked_pages(&ranges);
+        let best = cands
+            .iter()
+            .zip(&costs)
+            .min_by_key(|&(_, &c)| c)
+            .map(|(&o, _)| o)?;
+        core.alloc_at(best, rounded)
+    }
+
     pub fn alloc(&self, size: u64, grow: bool) -> Result<u64, ExtentError> {
         let rounded = round_size(size).ok_or(ExtentError::InvalidSize(size))?;
         let mut g = self.inner.lock();
-        let off = g
-            .core
-            .alloc(rounded)
+        let off = self
+            .place(&mut g.core, rounded)
             .ok_or(ExtentError::OutOfAddressSpace {
                 requested: rounded,
                 largest_free: g.core.largest_free(),

@@ -714,6 +714,26 @@ impl Region {
         r.pages.iter().filter(|p| p.refs > 0).count() as u64 * self.pool.page
     }
 
+    /// For each `(offset, len)` range, how many of the pages it overlaps have no physical page mapped
+    /// under them (committing the range would have to map that many). Ranges outside the region count
+    /// `u64::MAX`. One lock for the whole batch: placement policies compare candidates with it.
+    pub fn unbacked_pages(&self, ranges: &[(u64, u64)]) -> Vec<u64> {
+        let g = self.pool.inner.lock();
+        let r = g.regions[self.id as usize]
+            .as_ref()
+            .expect("registered region");
+        ranges
+            .iter()
+            .map(|&(offset, len)| match self.page_range(offset, len) {
+                Ok((first, last)) => r.pages[first as usize..=last as usize]
+                    .iter()
+                    .filter(|p| p.handle.is_none())
+                    .count() as u64,
+                Err(_) => u64::MAX,
+            })
+            .collect()
+    }
+
     /// References held on the page containing `offset` (tests and invariant checks).
     pub fn page_refs(&self, offset: u64) -> u32 {
         let g = self.pool.inner.lock();

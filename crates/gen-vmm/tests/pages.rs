@@ -278,3 +278,31 @@ proptest! {
         prop_assert_eq!(pool.stats().pages_held, 0);
     }
 }
+
+#[test]
+fn slack_creates_within_headroom_instead_of_moving_pages() {
+    for (slack, want_steals, want_held) in [(0.0, 4, 4), (1.0, 0, 8)] {
+        let dev = Arc::new(SimDevice::new());
+        let pool = pool_with(
+            &dev,
+            PagePoolConfig {
+                slack,
+                ..Default::default()
+            },
+        );
+        let r = Region::new(&pool, 64 * MIB, "t").unwrap();
+        r.commit(0, 8 * MIB, true).unwrap(); // 4 pages in use: the in-use peak
+        r.decommit(0, 8 * MIB);
+        r.commit(32 * MIB, 8 * MIB, true).unwrap(); // 4 pages elsewhere
+        let s = pool.stats();
+        assert_eq!(
+            (s.steals, s.pages_held),
+            (want_steals, want_held),
+            "slack {slack}"
+        );
+        // Either way, with grow == false the pool only moves pages.
+        r.decommit(32 * MIB, 8 * MIB);
+        r.commit(16 * MIB, 4 * MIB, false).unwrap();
+        assert_eq!(pool.stats().pages_held, want_held);
+    }
+}

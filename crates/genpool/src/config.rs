@@ -68,6 +68,7 @@ pub const VALID_KEYS: &[&str] = &[
     "mid_horizon",
     "page_slack",
     "long_tier",
+    "placement_candidates",
 ];
 
 /// Engine configuration. `Config::default()` is the tuned default; see docs/ARCHITECTURE.md.
@@ -104,6 +105,10 @@ pub struct Config {
     /// Page headroom over the peak of pages in use within which a new page is created rather than one
     /// moved from another address (see `gen_vmm::PagePoolConfig::slack`).
     pub page_slack: f64,
+    /// Page-aware placement in the extent arena: how many best-fitting free extents to compare for the
+    /// one needing the fewest newly mapped pages (0 or 1 = plain best fit, the default: on the shared
+    /// traces comparing 8 or 32 moved as many pages and cost up to 0.02 in ratio — docs/BENCHMARKS.md).
+    pub placement_candidates: usize,
 }
 
 impl Default for Config {
@@ -121,6 +126,7 @@ impl Default for Config {
             short_horizon: 0,
             mid_horizon: 0,
             page_slack: 0.0,
+            placement_candidates: 1,
         }
     }
 }
@@ -230,6 +236,15 @@ impl Config {
                 self.mid_horizon = value
                     .parse()
                     .map_err(|_| bad("expected an integer".into()))?
+            }
+            "placement_candidates" => {
+                let v: usize = value
+                    .parse()
+                    .map_err(|_| bad("expected an integer".into()))?;
+                if v > 64 {
+                    return Err(bad("must be at most 64".into()));
+                }
+                self.placement_candidates = v;
             }
             "page_slack" => {
                 let v: f64 = value

@@ -205,6 +205,7 @@ impl Pool {
             &pages,
             ExtentConfig {
                 va_bytes: extent_va,
+                placement_candidates: cfg.placement_candidates,
                 ..ExtentConfig::default()
             },
         )
@@ -392,8 +393,13 @@ impl Pool {
         if let Some(p) = cached {
             return Ok((p, tier));
         }
-        // 1. Without growing the page pool: pages that are free (mapped elsewhere) are moved first.
-        match self.attempt(tier, size, stream, false) {
+        // 1. By default without growing the page pool: a free page mapped elsewhere is moved rather than
+        //    a new one created, and cached blocks are given back before the pool grows. With `page_slack`
+        //    (and no cached blocks) the page pool itself chooses: create within the headroom, else move.
+        let caches_hold_pages = self.caching_now()
+            && self.extent_cache.cached_bytes() + self.buddy_cache.cached_bytes() > 0;
+        let grow_first = self.cfg.page_slack > 0.0 && !caches_hold_pages;
+        match self.attempt(tier, size, stream, grow_first) {
             Attempt::Ok(p, t) => return Ok((p, t)),
             Attempt::Err(e) => return Err(e),
             Attempt::WouldGrow | Attempt::Oom => {}
