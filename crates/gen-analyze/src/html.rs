@@ -373,11 +373,7 @@ fn confusion(s: &mut String, t: &Timeline) {
 }
 
 fn waste_table(s: &mut String, t: &Timeline) {
-    let total = t.peak_reserved as i64
-        - t.samples
-            .iter()
-            .find(|x| x.op >= t.peak_op)
-            .map_or(0, |x| x.trace_live as i64);
+    let total = t.peak_reserved.saturating_sub(t.live_at_peak);
     let Some(top) = t.waste.first().map(|w| w.waste().max(1)) else {
         s.push_str("<p>No size grew the reservation beyond its own live bytes.</p>");
         return;
@@ -386,9 +382,10 @@ fn waste_table(s: &mut String, t: &Timeline) {
         s,
         "<p>Each growth of genpool's peak reservation is charged to the size of the allocation that \
          caused it; a size's waste is what was charged to it minus its live bytes when the reservation \
-         peaked (op {}). Over all sizes the wastes add up to peak reserved − live at the peak (about {}).</p>",
+         peaked (op {}, {} live). Over all sizes the wastes add up to peak reserved − live at the peak: {}.</p>",
         t.peak_op,
-        human(total.max(0) as u64)
+        human(t.live_at_peak),
+        human(total)
     );
     s.push_str(
         r#"<table class="waste"><tr><th>size</th><th>allocations</th><th>peak growth charged</th><th>live at peak</th><th class="l">waste</th></tr>"#,

@@ -80,8 +80,10 @@ pub struct Timeline {
     pub peak_live: u64,
     /// The engine's peak reservation.
     pub peak_reserved: u64,
-    /// Op index at which the peak reservation was reached.
+    /// Ops replayed when the peak reservation was reached.
     pub peak_op: u64,
+    /// Live bytes of the trace at that moment.
+    pub live_at_peak: u64,
     /// Freed allocations per (actual class, log2 lifetime bucket).
     pub lifetimes: [[u64; LIFETIME_BUCKETS]; 3],
     /// Bytes of those allocations, same indexing.
@@ -250,6 +252,7 @@ pub fn record_timeline(
         peak_live,
         peak_reserved: peak.max(st.reserved_peak),
         peak_op,
+        live_at_peak: live_at_peak.values().sum(),
         lifetimes,
         lifetime_bytes,
         never_freed: live.len() as u64,
