@@ -94,8 +94,15 @@ pub(crate) fn recommend_from(peak_live: u64, results: &[StrategyResult]) -> Reco
     }
 }
 
+/// Bytes in binary units (`0.34 GiB` reads better than `348.16 MiB` next to GiB peaks, so GiB from
+/// 0.01 GiB up, smaller units below).
 fn gib(b: i64) -> String {
-    format!("{:.2} GiB", b as f64 / GIB)
+    let sign = if b < 0 { "-" } else { "" };
+    if b.unsigned_abs() as f64 >= GIB / 100.0 {
+        format!("{sign}{:.2} GiB", b.unsigned_abs() as f64 / GIB)
+    } else {
+        format!("{sign}{}", crate::html::human(b.unsigned_abs()))
+    }
 }
 
 fn conf(c: &Choice) -> String {
@@ -188,7 +195,7 @@ mod tests {
         StrategyResult {
             strategy,
             peak_reserved,
-            ratio: Some(peak_reserved as f64 / 100.0),
+            ratio: Some(peak_reserved as f64 / (100 * G) as f64),
             measured: None,
         }
     }

@@ -96,8 +96,14 @@ fn strategy_names_round_trip() {
     }
     assert_eq!(
         Strategy::parse("tlsf").unwrap_err().to_string(),
-        "unknown strategy `tlsf` (known: native, expandable, rmm-pool, genpool)"
+        "unknown strategy `tlsf` (known: native, expandable, rmm-pool, genpool, native:max_split_size_mb=N,roundup_power2_divisions=M)"
     );
+    for s in gen_analyze::Strategy::TORCH_SWEEP {
+        assert_eq!(Strategy::parse(&s.label()).unwrap(), s);
+    }
+    assert_eq!(Strategy::parse("native:").unwrap(), Strategy::Native);
+    assert!(Strategy::parse("native:max_split_size_mb=x").is_err());
+    assert!(Strategy::parse("native:garbage_collection_threshold=1").is_err());
     assert_eq!(gen_analyze::anchor("resnet50_train", "async"), Some(1.051));
     assert_eq!(gen_analyze::anchor("resnet50_train", "tlsf"), None);
     assert_eq!(gen_analyze::anchor("bert", "native"), None);

@@ -156,6 +156,98 @@ mod tests {
         assert_eq!(r[1]["strategy"], "expandable");
     }
 
+    fn fixture(name: &str) -> String {
+        format!(
+            "{}/../gen-trace/tests/fixtures/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        )
+    }
+
+    #[test]
+    fn snapshot_pickle_input_with_a_recommendation() {
+        let mut out = Vec::new();
+        let p = fixture("snapshot_small.pickle");
+        cli(["genpool", "analyze", "--json", &p], &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let v: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+        assert_eq!(v["trace"], "snapshot_small:dev0", "one trace per device");
+        let results = v["results"].as_array().unwrap();
+        assert_eq!(results.len(), gen_analyze::Strategy::default_set().len());
+        let rec = &v["recommendation"];
+        assert!(rec["use_strategy"].is_string(), "{rec}");
+        assert!(rec["genpool_saves_bytes"].is_i64(), "{rec}");
+        assert_eq!(rec["torch_default"]["strategy"], "native");
+    }
+
+    #[test]
+    fn table_names_tuned_settings_and_gives_reasons() {
+        let mut out = Vec::new();
+        cli(
+            [
+                "genpool",
+                "analyze",
+                "--strategy",
+                "native",
+                "--strategy",
+                "native:max_split_size_mb=256,roundup_power2_divisions=4",
+                "--strategy",
+                "expandable",
+            ],
+            &mut out,
+        )
+        .unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("native:max_split_size_mb=256,roundup_power2_divisions=4"),
+            "{text}"
+        );
+        assert!(
+            text.contains("Best PyTorch setting: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
+            "{text}"
+        );
+        assert!(text.contains("GiB less reserved at peak"), "{text}");
+        let e = cli(
+            [
+                "genpool",
+                "analyze",
+                "--strategy",
+                "native:max_split_size_mb=8",
+            ],
+            &mut Vec::new(),
+        )
+        .unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.to_string().contains("must be > 20"), "{e}");
+    }
+
+    #[test]
+    fn bad_input_is_a_clear_error() {
+        let dir = std::env::temp_dir();
+        let empty = dir.join(format!("genpool-empty-{}.csv", std::process::id()));
+        std::fs::write(&empty, "t_us,action,addr,size,stream,site\n").unwrap();
+        let p = empty.to_str().unwrap().to_owned();
+        for cmd in ["analyze", "report"] {
+            let e = cli(["genpool", cmd, &p], &mut Vec::new()).unwrap_err();
+            assert_eq!(e.exit_code(), 2);
+            assert_eq!(
+                e.to_string(),
+                format!("{p}: no allocations in the trace: nothing to analyze")
+            );
+        }
+        std::fs::remove_file(&empty).unwrap();
+        // A pickle that is not a memory snapshot (a list).
+        let bad = dir.join(format!("genpool-bad-{}.pickle", std::process::id()));
+        std::fs::write(&bad, b"\x80\x04]\x94(K\x01K\x02e.").unwrap();
+        let p = bad.to_str().unwrap().to_owned();
+        let e = cli(["genpool", "analyze", &p], &mut Vec::new()).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(
+            e.to_string().contains("not a PyTorch memory snapshot"),
+            "{e}"
+        );
+        std::fs::remove_file(&bad).unwrap();
+    }
+
     #[test]
     fn unknown_strategy_is_a_usage_error() {
         let e = cli(
