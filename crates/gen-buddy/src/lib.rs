@@ -25,7 +25,6 @@
 
 mod core;
 mod table;
-mod tally;
 
 use std::sync::Arc;
 
@@ -35,7 +34,7 @@ use parking_lot::Mutex;
 pub use crate::core::{round_size, BuddyCore, CoreError, MAX_ORDER, MIN_BLOCK};
 use crate::table::RangeTable;
 pub use crate::table::MAX_REGIONS;
-use crate::tally::PageTally;
+use gen_vmm::PageTally;
 
 /// Errors of the buddy tier.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -15,7 +15,6 @@
 //! of free extents. [`ExtentArena::owns`] is a plain address-range check with no lock.
 
 mod core;
-mod tally;
 
 use std::sync::Arc;
 
@@ -23,7 +22,7 @@ use gen_vmm::{PagePool, Region, VmmError};
 use parking_lot::Mutex;
 
 pub use crate::core::{round_size, ExtentCore, MIN_BLOCK};
-use crate::tally::PageTally;
+use gen_vmm::PageTally;
 
 /// Errors of the extent tier.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

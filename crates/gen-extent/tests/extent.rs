@@ -49,6 +49,7 @@ fn arena(pool: &Arc<PagePool>, va_bytes: u64) -> ExtentArena {
         ExtentConfig {
             va_bytes,
             name: "test-extent",
+            ..ExtentConfig::default()
         },
     )
     .unwrap()
@@ -83,6 +84,7 @@ fn default_va_is_twice_the_device_memory() {
         ExtentConfig {
             va_bytes: u64::MAX,
             name: "huge",
+            ..ExtentConfig::default()
         },
     );
     assert!(matches!(r, Err(ExtentError::InvalidConfig(_))), "{r:?}");

@@ -30,6 +30,9 @@ use std::fmt;
 use std::sync::Arc;
 
 use gen_device::{Device, DeviceError, DevicePtr, PhysHandle};
+
+mod tally;
+pub use tally::PageTally;
 use parking_lot::Mutex;
 
 /// Errors of the page layer.

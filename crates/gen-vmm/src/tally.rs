@@ -3,14 +3,14 @@
 //! A page strictly inside a block (neither its first nor its last page) is covered by that block alone,
 //! since live blocks never overlap; only a block's first and last page can be shared with a neighbour. So
 //! the number of touched pages is `sum of interior pages + number of distinct boundary pages in use`, and
-//! only boundary pages need a reference count. This mirrors, exactly, the references `Region::commit` /
+//! only boundary pages need a reference count. This mirrors, exactly, the references [`Region::commit`](crate::Region::commit) /
 //! `Region::decommit` keep for a region this tier alone commits into, without an O(pages) scan.
 
 use std::collections::HashMap;
 
 /// Pages touched by live blocks of one region.
 #[derive(Debug)]
-pub(crate) struct PageTally {
+pub struct PageTally {
     page: u64,
     /// References on first/last pages of live blocks (a block whose first and last page coincide counts
     /// once). Entries at zero are removed.
@@ -19,7 +19,7 @@ pub(crate) struct PageTally {
 }
 
 impl PageTally {
-    pub(crate) fn new(page: u64) -> Self {
+    pub fn new(page: u64) -> Self {
         PageTally {
             page: page.max(1),
             boundary: HashMap::new(),
@@ -28,7 +28,7 @@ impl PageTally {
     }
 
     /// Pages touched now.
-    pub(crate) fn pages(&self) -> u64 {
+    pub fn pages(&self) -> u64 {
         self.pages
     }
 
@@ -37,7 +37,7 @@ impl PageTally {
     }
 
     /// Record a block `[off, off + len)` (`len > 0`).
-    pub(crate) fn add(&mut self, off: u64, len: u64) {
+    pub fn add(&mut self, off: u64, len: u64) {
         let (first, last) = self.span(off, len);
         self.pages += (last - first).saturating_sub(1);
         for p in [Some(first), (last != first).then_some(last)]
@@ -53,7 +53,7 @@ impl PageTally {
     }
 
     /// Forget a block recorded by [`PageTally::add`].
-    pub(crate) fn remove(&mut self, off: u64, len: u64) {
+    pub fn remove(&mut self, off: u64, len: u64) {
         let (first, last) = self.span(off, len);
         self.pages -= (last - first).saturating_sub(1);
         for p in [Some(first), (last != first).then_some(last)]
