@@ -1,0 +1,886 @@
+//! Property tests of the engine against a reference model (issue #6).
+//!
+//! Each case draws a random program of [`Action`]s — allocations of every size class (0, slab, extent,
+//! many MiB, near and beyond the device), frees on the allocating stream, on another stream and on
+//! another thread, double frees, unknown, interior and null frees, trims, iteration marks, paused and
+//! resumed streams, and injected device faults — and runs it against a [`Pool`] on a [`SimDevice`] and a
+//! plain reference model side by side. After **every** step:
+//!
+//! 1. the result is the one the model expects: `InvalidSize` for 0 and for sizes beyond the device,
+//!    `InvalidFree { Null | Unknown | DoubleFree }` for bad frees (and nothing changes), `OutOfMemory` only
+//!    when the live blocks plus the request, each given two spare pages, would not fit the device (or a
+//!    stream is paused, or a fault was injected);
+//! 2. every live block is 512-byte aligned, spans the request rounded up to 512 B, and overlaps no other
+//!    live block;
+//! 3. a block freed on a paused stream `S` is not handed out on another stream until `S` resumes;
+//! 4. the engine's statistics equal the model's: bytes live and peak, allocations, frees, refused frees,
+//!    out-of-memory count, live blocks, and per tier allocations, frees and live bytes; `lookup` finds the
+//!    live blocks; the reservation covers the live bytes;
+//! 5. at the end, after freeing every block and `trim`, the engine holds 0 bytes and so does the device
+//!    (no physical handle, mapping or driver-pool block left).
+//!
+//! The backed variant also fills every block with its own byte pattern and checks it on free (no block
+//! ever shares a byte with another, across tiers, page moves and cross-stream reuse).
+//!
+//! The number of engine operations is printed at the end of each test (`eprintln!`). `PROPTEST_CASES`
+//! scales the number of programs; a release build runs longer programs than a debug one.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use gen_device::sim::SimDevice;
+use gen_device::{CallKind, Device, DeviceError, EventHandle, StreamId};
+use genpool::{Block, Config, FreeFault, GenpoolError, Hint, Lifetime, Pool, Tier, ALIGN};
+use proptest::prelude::*;
+use proptest::test_runner::{Config as PtConfig, TestCaseError};
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+/// The simulated device's page (VMM granularity).
+const PAGE: u64 = 2 * MIB;
+
+/// Engine operations (alloc, free, trim, mark) run by all tests of this binary.
+static TOTAL_OPS: AtomicU64 = AtomicU64::new(0);
+
+/// How a size is drawn.
+#[derive(Clone, Copy, Debug)]
+enum SizeKind {
+    Zero,
+    /// 1 ..= 4 KiB: the slab.
+    Small(u64),
+    /// 4 KiB ..= 1 MiB: the slab with a large `slab_max_size`, else the extent arena.
+    Medium(u64),
+    /// 1 ..= 24 MiB: the extent arena, the buddy, the driver pool.
+    Large(u64),
+    /// A fraction (per mille) of the device: exhaustion.
+    Huge(u16),
+    /// Past the device's memory by this much (saturating): `InvalidSize`.
+    Beyond(u64),
+}
+
+/// Where an invalid free points.
+#[derive(Clone, Copy, Debug)]
+enum BadPtr {
+    Null,
+    /// Inside a live block (a multiple of 512 past its start).
+    Interior(usize, u64),
+    /// An arbitrary address (possibly unaligned).
+    Random(u64),
+}
+
+/// One step of a program.
+#[derive(Clone, Debug)]
+enum Action {
+    Alloc {
+        size: SizeKind,
+        stream: u8,
+        lifetime: Option<u8>,
+        site: Option<u8>,
+    },
+    Free {
+        pick: usize,
+        stream: u8,
+    },
+    /// Free from a thread of its own.
+    FreeOnThread {
+        pick: usize,
+        stream: u8,
+    },
+    /// Free a block, then free it again at once.
+    DoubleFree {
+        pick: usize,
+        stream: u8,
+    },
+    BadFree(BadPtr),
+    Trim,
+    Mark,
+    Pause(u8),
+    Resume(u8),
+    /// The next `cuMemCreate` (out of memory) or `cuMemMap` (driver error) fails.
+    Fault(bool),
+}
+
+/// What a test varies.
+#[derive(Clone, Copy)]
+struct Setup {
+    conf: &'static str,
+    capacity: u64,
+    backed: bool,
+    /// Draw `SizeKind::Huge` (exhaustion) at all.
+    huge: bool,
+    faults: bool,
+}
+
+fn size_strategy(s: Setup) -> BoxedStrategy<SizeKind> {
+    let huge = if s.huge { 2 } else { 0 };
+    let large_max = if s.backed { 4 * MIB } else { 24 * MIB };
+    prop_oneof![
+        1 => Just(SizeKind::Zero),
+        12 => (1..=4 * KIB).prop_map(SizeKind::Small),
+        6 => (4 * KIB + 1..=MIB).prop_map(SizeKind::Medium),
+        4 => (MIB + 1..=large_max).prop_map(SizeKind::Large),
+        huge => (100u16..=1000).prop_map(SizeKind::Huge),
+        1 => prop_oneof![Just(u64::MAX), 1..=u64::MAX].prop_map(SizeKind::Beyond),
+    ]
+    .boxed()
+}
+
+fn action_strategy(s: Setup) -> BoxedStrategy<Action> {
+    let faults = if s.faults { 1 } else { 0 };
+    prop_oneof![
+        40 => (size_strategy(s), 0u8..3, proptest::option::of(0u8..3), proptest::option::of(0u8..8))
+            .prop_map(|(size, stream, lifetime, site)| Action::Alloc { size, stream, lifetime, site }),
+        26 => (any::<usize>(), 0u8..3).prop_map(|(pick, stream)| Action::Free { pick, stream }),
+        1 => (any::<usize>(), 0u8..3).prop_map(|(pick, stream)| Action::FreeOnThread { pick, stream }),
+        2 => (any::<usize>(), 0u8..3).prop_map(|(pick, stream)| Action::DoubleFree { pick, stream }),
+        2 => prop_oneof![
+            Just(BadPtr::Null),
+            (any::<usize>(), 1u64..4096).prop_map(|(p, k)| BadPtr::Interior(p, k)),
+            any::<u64>().prop_map(BadPtr::Random),
+        ]
+        .prop_map(Action::BadFree),
+        1 => Just(Action::Trim),
+        1 => Just(Action::Mark),
+        1 => (1u8..3).prop_map(Action::Pause),
+        2 => (1u8..3).prop_map(Action::Resume),
+        faults => any::<bool>().prop_map(Action::Fault),
+    ]
+    .boxed()
+}
+
+/// A live block as the model knows it.
+#[derive(Clone, Copy, Debug)]
+struct Live {
+    block: Block,
+    pattern: u8,
+}
+
+/// The reference model and the engine under test.
+struct Harness {
+    s: Setup,
+    dev: Arc<SimDevice>,
+    pool: Pool,
+    streams: [StreamId; 3],
+    /// One event per stream, recorded on it when it is paused.
+    events: [EventHandle; 3],
+    paused: [bool; 3],
+    /// Live blocks by address.
+    live: BTreeMap<u64, Live>,
+    /// Address ranges `[start, end)` freed on a stream while it was paused, by stream index.
+    quarantine: Vec<(u64, u64, usize)>,
+    live_bytes: u64,
+    live_peak: u64,
+    allocs: u64,
+    frees: u64,
+    invalid_frees: u64,
+    ooms: u64,
+    tier_allocs: [u64; 4],
+    tier_frees: [u64; 4],
+    tier_live: [u64; 4],
+    /// Injected faults not yet consumed: (kind, calls of that kind when injected).
+    pending_faults: Vec<(CallKind, u64)>,
+    next_pattern: u8,
+    ops: u64,
+    /// Allocations refused because they had to wait for a paused stream.
+    refused_waits: u64,
+    /// Injected device faults that fired.
+    faults: u64,
+}
+
+/// What a case did, summed over a test.
+#[derive(Default)]
+struct Counts {
+    ops: u64,
+    ooms: u64,
+    invalid_frees: u64,
+    faults: u64,
+    refused_waits: u64,
+}
+
+fn fail(msg: String) -> TestCaseError {
+    TestCaseError::fail(msg)
+}
+
+impl Harness {
+    fn new(s: Setup) -> Result<Self, TestCaseError> {
+        let dev = Arc::new(
+            SimDevice::config()
+                .capacity(s.capacity)
+                .backed(s.backed)
+                .build()
+                .map_err(|e| fail(format!("device: {e}")))?,
+        );
+        let cfg = Config::parse(s.conf).map_err(|e| fail(format!("config {}: {e}", s.conf)))?;
+        let pool = Pool::new(dev.clone() as Arc<dyn Device>, cfg)
+            .map_err(|e| fail(format!("pool: {e}")))?;
+        let s1 = dev.stream_create().map_err(|e| fail(e.to_string()))?;
+        let s2 = dev.stream_create().map_err(|e| fail(e.to_string()))?;
+        let mut events = [EventHandle(0); 3];
+        for e in &mut events {
+            *e = dev.event_create().map_err(|e| fail(e.to_string()))?;
+        }
+        let mut h = Harness {
+            events,
+            s,
+            dev,
+            pool,
+            streams: [0, s1, s2],
+            paused: [false; 3],
+            live: BTreeMap::new(),
+            quarantine: Vec::new(),
+            live_bytes: 0,
+            live_peak: 0,
+            allocs: 0,
+            frees: 0,
+            invalid_frees: 0,
+            ooms: 0,
+            tier_allocs: [0; 4],
+            tier_frees: [0; 4],
+            tier_live: [0; 4],
+            pending_faults: Vec::new(),
+            next_pattern: 0,
+            ops: 0,
+            refused_waits: 0,
+            faults: 0,
+        };
+        // Show the engine and each of its front caches every stream once while none is paused, as a
+        // multi-stream program would at start-up, so their one-stream shortcuts are over before the
+        // program pauses anything (see `cache_solo_drain_is_stream_ordered` for why the caches too).
+        for l in [Lifetime::Short, Lifetime::Mid, Lifetime::Long] {
+            for i in 0..3 {
+                let hint = Hint {
+                    lifetime: Some(l),
+                    site: None,
+                };
+                for size in [512, 3 * MIB] {
+                    h.alloc(size, i, hint)?;
+                    let p = *h.live.keys().next().expect("just allocated");
+                    h.free(p, i)?;
+                }
+            }
+        }
+        Ok(h)
+    }
+
+    fn any_paused(&self) -> bool {
+        self.paused.iter().any(|&p| p)
+    }
+
+    /// Memory the live blocks plus `extra` could need at worst: each rounded up to pages, plus two.
+    /// Blocks of the driver-pool tier count as the pool's reservation `stream_reserved` instead when it is
+    /// given: the simulated pool (like a real one) may serve a small request from a large free block, and
+    /// what it holds under live blocks cannot be given back.
+    fn worst_need(&self, extra: u64, stream_reserved: Option<u64>) -> u64 {
+        let need = |size: u64| size.div_ceil(PAGE).saturating_add(2).saturating_mul(PAGE);
+        self.live
+            .values()
+            .filter(|l| stream_reserved.is_none() || l.block.tier != Tier::Stream)
+            .map(|l| need(l.block.size))
+            .fold(need(extra), u64::saturating_add)
+            .saturating_add(stream_reserved.unwrap_or(0))
+    }
+
+    fn size_of(&self, k: SizeKind) -> u64 {
+        match k {
+            SizeKind::Zero => 0,
+            SizeKind::Small(n) | SizeKind::Medium(n) | SizeKind::Large(n) => n,
+            SizeKind::Huge(pm) => (self.s.capacity / 1000 * pm as u64).max(1),
+            SizeKind::Beyond(n) => self.s.capacity.saturating_add(n),
+        }
+    }
+
+    fn pick(&self, pick: usize) -> Option<u64> {
+        if self.live.is_empty() {
+            return None;
+        }
+        self.live.keys().nth(pick % self.live.len()).copied()
+    }
+
+    /// Consume the injected faults whose kind was called since they were injected; true if any was.
+    fn faults_fired(&mut self) -> bool {
+        let calls = self.dev.calls();
+        let before = self.pending_faults.len();
+        self.pending_faults.retain(|&(k, at)| calls.get(k) == at);
+        self.pending_faults.len() != before
+    }
+
+    fn alloc(&mut self, size: u64, si: usize, hint: Hint) -> Result<(), TestCaseError> {
+        let stream = self.streams[si];
+        self.ops += 1;
+        let res = self.pool.alloc(size, stream, hint);
+        let fired = self.faults_fired();
+        self.faults += u64::from(fired);
+        let blk = match res {
+            Ok(b) => b,
+            Err(GenpoolError::InvalidSize { size: s, .. }) => {
+                prop_assert_eq!(s, size);
+                prop_assert!(
+                    size == 0 || size > self.s.capacity,
+                    "InvalidSize for {} on a {} B device",
+                    size,
+                    self.s.capacity
+                );
+                return Ok(());
+            }
+            Err(GenpoolError::OutOfMemory(r)) => {
+                prop_assert!(
+                    size != 0 && size <= self.s.capacity,
+                    "OOM for size {}",
+                    size
+                );
+                let pool_held = r
+                    .tiers
+                    .iter()
+                    .find(|t| t.tier == "stream")
+                    .map(|t| t.reserved);
+                let need = self.worst_need(size, pool_held);
+                prop_assert!(
+                    need > self.s.capacity || self.any_paused() || fired,
+                    "out of memory for {} B with {} B live in {} blocks (worst case {} B of {}): {}",
+                    size,
+                    self.live_bytes,
+                    self.live.len(),
+                    need,
+                    self.s.capacity,
+                    r
+                );
+                prop_assert_eq!(r.requested, size.div_ceil(ALIGN) * ALIGN);
+                prop_assert_eq!(r.live, self.live_bytes);
+                self.ooms += 1;
+                return Ok(());
+            }
+            // An injected driver error reached the caller: allowed, as long as nothing changed.
+            Err(GenpoolError::Device(_)) if fired => return Ok(()),
+            // The simulator refuses to wait for a paused stream (a real device would block until the
+            // kernel ends): allowed while one is paused, as long as nothing changed.
+            Err(GenpoolError::Device(DeviceError::InvalidArgument { call, .. }))
+                if self.any_paused() && call.ends_with("ynchronize") =>
+            {
+                self.refused_waits += 1;
+                return Ok(());
+            }
+            Err(e) => return Err(fail(format!("alloc({size}, stream {si}): unexpected {e}"))),
+        };
+        prop_assert!(
+            size != 0 && size <= self.s.capacity,
+            "size {} was served",
+            size
+        );
+        prop_assert_eq!(blk.ptr % ALIGN, 0, "alignment of {:?}", blk);
+        prop_assert!(blk.ptr != 0);
+        prop_assert_eq!(blk.size, size.div_ceil(ALIGN) * ALIGN, "size of {:?}", blk);
+        let end = blk.ptr + blk.size;
+        if let Some((&p, l)) = self.live.range(..end).next_back() {
+            prop_assert!(
+                p + l.block.size <= blk.ptr,
+                "{:?} overlaps live {:?}",
+                blk,
+                l.block
+            );
+        }
+        // Cross-stream safety: nothing freed on a paused stream reaches another stream.
+        for &(a, b, qs) in &self.quarantine {
+            prop_assert!(
+                qs == si || b <= blk.ptr || end <= a,
+                "{:?} on stream {} reuses [{:#x}, {:#x}) freed on paused stream {}",
+                blk,
+                si,
+                a,
+                b,
+                qs
+            );
+        }
+        // The new owner takes over the ordering of the bytes it reuses on its own stream. The extent
+        // arena hands out exactly the block; the other tiers hand out a unit that may be larger (a slab
+        // slot of the size class, a buddy block, a granule-rounded driver-pool block), so a reuse there
+        // re-owns the whole quarantined range it touches.
+        let exact = blk.tier == Tier::Extent;
+        let mut q = Vec::with_capacity(self.quarantine.len() + 1);
+        for &(a, b, qs) in &self.quarantine {
+            if qs != si || b <= blk.ptr || end <= a {
+                q.push((a, b, qs));
+                continue;
+            }
+            if exact && a < blk.ptr {
+                q.push((a, blk.ptr, qs));
+            }
+            if exact && end < b {
+                q.push((end, b, qs));
+            }
+        }
+        self.quarantine = q;
+        self.next_pattern = self.next_pattern.wrapping_add(1).max(1);
+        let pattern = self.next_pattern;
+        if self.s.backed {
+            self.dev
+                .write(blk.ptr, &vec![pattern; blk.size as usize])
+                .map_err(|e| fail(format!("write to {blk:?}: {e}")))?;
+        }
+        self.live.insert(
+            blk.ptr,
+            Live {
+                block: blk,
+                pattern,
+            },
+        );
+        self.live_bytes += blk.size;
+        self.live_peak = self.live_peak.max(self.live_bytes);
+        self.allocs += 1;
+        self.tier_allocs[blk.tier as usize] += 1;
+        self.tier_live[blk.tier as usize] += blk.size;
+        Ok(())
+    }
+
+    fn check_pattern(&self, l: &Live) -> Result<(), TestCaseError> {
+        if !self.s.backed {
+            return Ok(());
+        }
+        let mut buf = vec![0u8; l.block.size as usize];
+        self.dev
+            .read(l.block.ptr, &mut buf)
+            .map_err(|e| fail(format!("read of {:?}: {e}", l.block)))?;
+        if let Some(i) = buf.iter().position(|&b| b != l.pattern) {
+            return Err(fail(format!(
+                "{:?}: byte {i} is {:#x}, expected the pattern {:#x}: another block wrote here",
+                l.block, buf[i], l.pattern
+            )));
+        }
+        Ok(())
+    }
+
+    fn freed(
+        &mut self,
+        ptr: u64,
+        si: usize,
+        got: genpool::Result<u64>,
+    ) -> Result<(), TestCaseError> {
+        let l = self.live.remove(&ptr).expect("freed a live block");
+        match got {
+            Ok(n) => prop_assert_eq!(n, l.block.size),
+            Err(e) => return Err(fail(format!("free of live {:?}: {e}", l.block))),
+        }
+        self.live_bytes -= l.block.size;
+        self.frees += 1;
+        self.tier_frees[l.block.tier as usize] += 1;
+        self.tier_live[l.block.tier as usize] -= l.block.size;
+        if self.paused[si] {
+            self.quarantine.push((ptr, ptr + l.block.size, si));
+        }
+        Ok(())
+    }
+
+    fn free(&mut self, ptr: u64, si: usize) -> Result<(), TestCaseError> {
+        let l = self.live[&ptr];
+        self.check_pattern(&l)?;
+        self.ops += 1;
+        let got = self.pool.free(ptr, self.streams[si]);
+        self.freed(ptr, si, got)
+    }
+
+    fn free_on_thread(&mut self, ptr: u64, si: usize) -> Result<(), TestCaseError> {
+        let l = self.live[&ptr];
+        self.check_pattern(&l)?;
+        self.ops += 1;
+        let (pool, stream) = (&self.pool, self.streams[si]);
+        let got = std::thread::scope(|sc| sc.spawn(|| pool.free(ptr, stream)).join())
+            .map_err(|_| fail("the freeing thread panicked".into()))?;
+        self.freed(ptr, si, got)
+    }
+
+    /// A free the engine must refuse, with one of `faults`, changing nothing.
+    fn bad_free(&mut self, ptr: u64, si: usize, faults: &[FreeFault]) -> Result<(), TestCaseError> {
+        self.ops += 1;
+        match self.pool.free(ptr, self.streams[si]) {
+            Err(GenpoolError::InvalidFree { ptr: p, fault }) => {
+                prop_assert_eq!(p, ptr);
+                prop_assert!(
+                    faults.contains(&fault),
+                    "free of {:#x}: {:?}, expected one of {:?}",
+                    ptr,
+                    fault,
+                    faults
+                );
+            }
+            other => {
+                return Err(fail(format!(
+                    "free of {ptr:#x}: {other:?}, expected refusal"
+                )))
+            }
+        }
+        self.invalid_frees += 1;
+        Ok(())
+    }
+
+    fn step(&mut self, a: &Action) -> Result<(), TestCaseError> {
+        match *a {
+            Action::Alloc {
+                size,
+                stream,
+                lifetime,
+                site,
+            } => {
+                let hint = Hint {
+                    lifetime: lifetime
+                        .map(|l| [Lifetime::Short, Lifetime::Mid, Lifetime::Long][l as usize]),
+                    site: site.map(|s| 0x1234_5678 * (s as u64 + 1)),
+                };
+                self.alloc(self.size_of(size), stream as usize, hint)?;
+            }
+            Action::Free { pick, stream } => {
+                if let Some(p) = self.pick(pick) {
+                    self.free(p, stream as usize)?;
+                }
+            }
+            Action::FreeOnThread { pick, stream } => {
+                if let Some(p) = self.pick(pick) {
+                    self.free_on_thread(p, stream as usize)?;
+                }
+            }
+            Action::DoubleFree { pick, stream } => {
+                if let Some(p) = self.pick(pick) {
+                    self.free(p, stream as usize)?;
+                    // Just freed: it is in its shard's ring of recent frees, so the fault is exact.
+                    self.bad_free(p, stream as usize, &[FreeFault::DoubleFree])?;
+                }
+            }
+            Action::BadFree(BadPtr::Null) => self.bad_free(0, 0, &[FreeFault::Null])?,
+            Action::BadFree(BadPtr::Interior(pick, k)) => {
+                if let Some(p) = self.pick(pick) {
+                    let size = self.live[&p].block.size;
+                    if size > ALIGN {
+                        let off = ALIGN * (1 + k % (size / ALIGN - 1));
+                        // An interior address may once have started a block since freed.
+                        self.bad_free(p + off, 1, &[FreeFault::Unknown, FreeFault::DoubleFree])?;
+                    }
+                }
+            }
+            Action::BadFree(BadPtr::Random(addr)) => {
+                if addr != 0 && !self.live.contains_key(&addr) {
+                    self.bad_free(addr, 2, &[FreeFault::Unknown, FreeFault::DoubleFree])?;
+                }
+            }
+            Action::Trim => {
+                self.ops += 1;
+                self.pool.trim();
+            }
+            Action::Mark => {
+                self.ops += 1;
+                self.pool.mark_iteration();
+            }
+            Action::Pause(i) => {
+                let i = i as usize;
+                // A paused stream with nothing queued is idle; queue an operation behind the pause
+                // (an event record) so it has work in flight, like a long-running kernel.
+                let (dev, s) = (&self.dev, self.streams[i]);
+                dev.pause_stream(s)
+                    .and_then(|()| dev.event_record(self.events[i], s))
+                    .map_err(|e| fail(e.to_string()))?;
+                self.paused[i] = true;
+            }
+            Action::Resume(i) => self.resume(i as usize)?,
+            Action::Fault(create) => {
+                let kind = if create {
+                    CallKind::PhysCreate
+                } else {
+                    CallKind::Map
+                };
+                if self.pending_faults.is_empty() {
+                    self.dev.fail_next(kind);
+                    self.pending_faults.push((kind, self.dev.calls().get(kind)));
+                }
+            }
+        }
+        self.check()
+    }
+
+    fn resume(&mut self, i: usize) -> Result<(), TestCaseError> {
+        self.dev
+            .resume_stream(self.streams[i])
+            .map_err(|e| fail(e.to_string()))?;
+        self.paused[i] = false;
+        self.quarantine.retain(|&(_, _, s)| s != i);
+        Ok(())
+    }
+
+    /// The engine's books against the model's.
+    fn check(&self) -> Result<(), TestCaseError> {
+        let st = self.pool.stats();
+        prop_assert_eq!(st.allocated_current, self.live_bytes);
+        prop_assert_eq!(self.pool.allocated(), self.live_bytes);
+        prop_assert_eq!(st.allocated_peak, self.live_peak);
+        prop_assert_eq!(st.num_allocs, self.allocs);
+        prop_assert_eq!(st.num_frees, self.frees);
+        prop_assert_eq!(st.num_invalid_frees, self.invalid_frees);
+        prop_assert_eq!(st.num_ooms, self.ooms);
+        prop_assert_eq!(self.pool.live_blocks(), self.live.len());
+        prop_assert_eq!(st.tiers.len(), 4);
+        for t in Tier::ALL {
+            let ts = &st.tiers[t as usize];
+            prop_assert_eq!(ts.tier, t.name());
+            prop_assert_eq!(
+                ts.allocs,
+                self.tier_allocs[t as usize],
+                "{} allocs",
+                t.name()
+            );
+            prop_assert_eq!(ts.frees, self.tier_frees[t as usize], "{} frees", t.name());
+            prop_assert_eq!(
+                ts.live_bytes,
+                self.tier_live[t as usize],
+                "{} live",
+                t.name()
+            );
+        }
+        prop_assert!(
+            st.reserved_current >= st.allocated_current,
+            "reserved {} < live {}",
+            st.reserved_current,
+            st.allocated_current
+        );
+        prop_assert!(st.reserved_peak >= st.reserved_current);
+        // Spot-check lookups: the first and last live blocks.
+        for l in [self.live.values().next(), self.live.values().next_back()]
+            .into_iter()
+            .flatten()
+        {
+            prop_assert_eq!(self.pool.lookup(l.block.ptr), Some(l.block));
+        }
+        Ok(())
+    }
+
+    /// Free everything (checking patterns), resume every stream, trim: nothing may be held.
+    fn finish(mut self) -> Result<Counts, TestCaseError> {
+        for i in 1..3 {
+            if self.paused[i] {
+                self.resume(i)?;
+            }
+        }
+        let ptrs: Vec<u64> = self.live.keys().copied().collect();
+        for (n, p) in ptrs.into_iter().enumerate() {
+            self.free(p, n % 3)?;
+        }
+        self.check()?;
+        self.ops += 1;
+        self.pool.trim();
+        prop_assert_eq!(self.pool.allocated(), 0);
+        prop_assert_eq!(self.pool.live_blocks(), 0);
+        prop_assert_eq!(
+            self.pool.reserved_now(),
+            0,
+            "engine holds memory after free all + trim"
+        );
+        prop_assert_eq!(
+            self.dev.reserved().current,
+            0,
+            "device memory held after free all + trim"
+        );
+        for e in self.events {
+            self.dev.event_destroy(e).map_err(|e| fail(e.to_string()))?;
+        }
+        let out = self.dev.outstanding();
+        prop_assert_eq!(out.phys_handles, 0);
+        prop_assert_eq!(out.mappings, 0);
+        prop_assert_eq!(out.pool_live_blocks, 0);
+        Ok(Counts {
+            ops: self.ops,
+            ooms: self.ooms,
+            invalid_frees: self.invalid_frees,
+            faults: self.faults,
+            refused_waits: self.refused_waits,
+        })
+    }
+}
+
+/// Programs are longer in a release build, where each step is cheap, and shorter when every block is
+/// filled and read back.
+fn program_len(s: Setup) -> std::ops::Range<usize> {
+    match (cfg!(debug_assertions), s.backed) {
+        (true, false) => 10..120,
+        (true, true) => 5..40,
+        (false, false) => 400..2400,
+        (false, true) => 100..600,
+    }
+}
+
+fn run(name: &str, s: Setup) {
+    let sum = parking_lot::Mutex::new(Counts::default());
+    let cfg = PtConfig {
+        failure_persistence: None,
+        ..PtConfig::default()
+    };
+    let cases = cfg.cases;
+    let mut runner = proptest::test_runner::TestRunner::new(cfg);
+    let t0 = std::time::Instant::now();
+    let res = runner.run(
+        &proptest::collection::vec(action_strategy(s), program_len(s)),
+        |actions| {
+            let mut h = Harness::new(s)?;
+            for a in &actions {
+                h.step(a)?;
+            }
+            let c = h.finish()?;
+            let mut t = sum.lock();
+            t.ops += c.ops;
+            t.ooms += c.ooms;
+            t.invalid_frees += c.invalid_frees;
+            t.faults += c.faults;
+            t.refused_waits += c.refused_waits;
+            Ok(())
+        },
+    );
+    let c = sum.into_inner();
+    let total = TOTAL_OPS.fetch_add(c.ops, Relaxed) + c.ops;
+    eprintln!(
+        "{name}: {} engine ops in {cases} cases, {:.1} s ({} out of memory, {} refused frees, {} \
+         injected faults fired, {} waits on a paused stream refused; this binary so far: {total} ops)",
+        c.ops,
+        t0.elapsed().as_secs_f64(),
+        c.ooms,
+        c.invalid_frees,
+        c.faults,
+        c.refused_waits,
+    );
+    if let Err(e) = res {
+        panic!("{name}: {e}");
+    }
+}
+
+/// The default configuration: slab, extent arena.
+#[test]
+fn prop_default_config() {
+    run(
+        "prop_default_config",
+        Setup {
+            conf: "",
+            capacity: 512 * MIB,
+            backed: false,
+            huge: true,
+            faults: true,
+        },
+    );
+}
+
+/// All four tiers: a 1 MiB slab, the driver pool for mid-lived and the buddy for long-lived blocks.
+#[test]
+fn prop_all_tiers() {
+    run(
+        "prop_all_tiers",
+        Setup {
+            conf: "mid_tier:stream,long_tier:buddy,slab_max_size:1M",
+            capacity: 512 * MIB,
+            backed: false,
+            huge: true,
+            faults: true,
+        },
+    );
+}
+
+/// Front caches on (bounded above what the device holds: see `cache_overflow_free_is_stream_ordered`)
+/// and long-lived blocks in the buddy: the stream-ordered caches under pauses and exhaustion.
+#[test]
+fn prop_front_caches() {
+    run(
+        "prop_front_caches",
+        Setup {
+            conf: "cache_max_bytes:1G,long_tier:buddy",
+            capacity: 384 * MIB,
+            backed: false,
+            huge: true,
+            faults: true,
+        },
+    );
+}
+
+/// Host-backed memory: every block filled with its own pattern, checked on free.
+#[test]
+fn prop_backed_patterns() {
+    run(
+        "prop_backed_patterns",
+        Setup {
+            conf: "mid_tier:stream,long_tier:buddy,slab_max_size:64K,cache_max_bytes:1G",
+            capacity: 256 * MIB,
+            backed: true,
+            huge: false,
+            faults: false,
+        },
+    );
+}
+
+/// Issue #6 finding: with a bounded front cache (`cache_max_bytes`), a free that would overflow the
+/// cache goes straight back to the extent arena with no stream ordering, so another stream can be handed
+/// the block while work queued on the freeing stream may still use it. Ignored until the engine orders
+/// the overflow path (`Pool::cache_or_free`); run with `--include-ignored` to check a fix.
+#[test]
+#[ignore = "engine bug: a front-cache overflow frees to the tier without stream ordering"]
+fn cache_overflow_free_is_stream_ordered() {
+    let dev = Arc::new(SimDevice::config().capacity(GIB).build().unwrap());
+    let pool = Pool::new(
+        dev.clone() as Arc<dyn Device>,
+        Config::parse("cache_max_bytes:4M").unwrap(),
+    )
+    .unwrap();
+    let (s, t) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
+    for st in [s, t] {
+        let b = pool.alloc(512, st, Hint::NONE).unwrap();
+        pool.free(b.ptr, st).unwrap();
+    }
+    let short = Hint {
+        lifetime: Some(Lifetime::Short),
+        site: None,
+    };
+    let a = pool.alloc(8 * MIB, s, short).unwrap();
+    // A kernel on `s` still uses `a` when it is freed.
+    let ev = dev.event_create().unwrap();
+    dev.pause_stream(s).unwrap();
+    dev.event_record(ev, s).unwrap();
+    pool.free(a.ptr, s).unwrap();
+    let b = pool.alloc(8 * MIB, t, short).unwrap();
+    let overlap = b.ptr < a.ptr + a.size && a.ptr < b.ptr + b.size;
+    dev.resume_stream(s).unwrap();
+    assert!(
+        !overlap,
+        "{b:?} on stream t reuses {a:?} freed on busy stream s"
+    );
+}
+
+/// Issue #6 finding: a front cache that has seen one stream only hands its blocks back to the shared
+/// tier with no synchronization (its one-stream shortcut), although the engine has already seen other
+/// streams; the tier then serves the block to another stream while the freeing stream may still use it.
+/// Ignored until the engine's caches start in the multi-stream mode once the engine has seen two
+/// streams; run with `--include-ignored` to check a fix.
+#[test]
+#[ignore = "engine bug: a one-stream front cache drains to the shared tier without synchronizing"]
+fn cache_solo_drain_is_stream_ordered() {
+    let dev = Arc::new(SimDevice::config().capacity(512 * MIB).build().unwrap());
+    let pool = Pool::new(dev.clone() as Arc<dyn Device>, Config::default()).unwrap();
+    let (s, t) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
+    // The engine sees both streams (small blocks: the slab, not the extent arena's cache).
+    for st in [s, t] {
+        let b = pool.alloc(512, st, Hint::NONE).unwrap();
+        pool.free(b.ptr, st).unwrap();
+    }
+    let ev = dev.event_create().unwrap();
+    dev.pause_stream(s).unwrap();
+    dev.event_record(ev, s).unwrap();
+    // A large block freed on the busy stream `s`: the extent cache's first stream.
+    let a = pool.alloc(9 * MIB, s, Hint::NONE).unwrap();
+    pool.free(a.ptr, s).unwrap();
+    let mid = Hint {
+        lifetime: Some(Lifetime::Mid),
+        site: None,
+    };
+    let long = Hint {
+        lifetime: Some(Lifetime::Long),
+        site: None,
+    };
+    let _ = pool.alloc(846, t, mid);
+    let b = pool.alloc(490, t, long).unwrap();
+    let overlap = b.ptr < a.ptr + a.size && a.ptr < b.ptr + b.size;
+    dev.resume_stream(s).unwrap();
+    assert!(
+        !overlap,
+        "{b:?} on stream t reuses {a:?} freed on busy stream s"
+    );
+}
