@@ -338,9 +338,29 @@ impl StreamCache {
     /// the cache over [`StreamCacheConfig::max_cached_bytes`]; the caller then frees it for real.
     #[inline]
     pub fn put(&self, ptr: DevicePtr, size: u64, stream: StreamId) -> Result<(), Overflow> {
+        self.put_inner(ptr, size, stream, false)
+    }
+
+    /// [`put`](Self::put) past the bound: for a caller that may not release the block yet (work on
+    /// `stream` may still use it and its tier could hand it to another stream). The bytes still count,
+    /// so later bounded puts overflow until a drain or takes bring the cache back under its bound.
+    pub fn put_over_bound(&self, ptr: DevicePtr, size: u64, stream: StreamId) {
+        // Cannot fail: the bound is not checked.
+        let _ = self.put_inner(ptr, size, stream, true);
+    }
+
+    fn put_inner(
+        &self,
+        ptr: DevicePtr,
+        size: u64,
+        stream: StreamId,
+        over_bound: bool,
+    ) -> Result<(), Overflow> {
         self.observe(stream);
         let max = self.cfg.max_cached_bytes;
-        if max != 0 {
+        if max != 0 && over_bound {
+            self.cached.fetch_add(size, Ordering::Relaxed);
+        } else if max != 0 {
             // Reserve the bytes first, so concurrent puts never overshoot the bound together.
             let fits = |cur: u64| cur.checked_add(size).filter(|&total| total <= max);
             if let Err(cached) =
@@ -547,7 +567,7 @@ impl StreamCache {
             }
         }
         let mut first_err = None;
-        if self.mode.load(Ordering::Acquire) == MODE_MULTI {
+        {
             let mut streams: Vec<StreamId> = chosen.iter().filter_map(|g| g.stream).collect();
             streams.sort_unstable();
             streams.dedup();

@@ -376,3 +376,24 @@ fn stress_many_threads_many_streams() {
     let st = c.stats();
     assert!(st.hits > 0 && st.puts > 0, "{st:?}");
 }
+
+#[test]
+fn put_over_bound_keeps_the_block_and_counts_it() {
+    let dev = sim();
+    let c = cache(
+        &dev,
+        StreamCacheConfig {
+            max_cached_bytes: 4096,
+            ..StreamCacheConfig::default()
+        },
+    );
+    c.put(0x1000, 4096, 0).unwrap();
+    assert!(c.put(0x3000, 4096, 0).is_err(), "bounded put overflows");
+    c.put_over_bound(0x3000, 4096, 0);
+    assert_eq!(c.cached_bytes(), 8192);
+    assert!(c.put(0x5000, 512, 0).is_err(), "still over the bound");
+    let mut got = vec![c.take(4096, 0).unwrap(), c.take(4096, 0).unwrap()];
+    got.sort_unstable();
+    assert_eq!(got, vec![0x1000, 0x3000]);
+    c.put(0x5000, 512, 0).unwrap();
+}

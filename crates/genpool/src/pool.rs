@@ -631,6 +631,14 @@ impl Pool {
         }
         match cache.put(ptr, size, stream) {
             Ok(()) => Ok(()),
+            Err(_) if self.multi_stream.load(Ordering::SeqCst) => {
+                // Over the cache's bound, but the tier could hand the block to another stream while work
+                // queued on `stream` still uses it: keep it cached (past the bound) until a drain makes it
+                // safe, rather than block this free on the stream.
+                cache.put_over_bound(ptr, size, stream);
+                Ok(())
+            }
+            // One stream: stream order makes the tier's reuse safe.
             Err(_) => free(ptr),
         }
     }

@@ -172,7 +172,12 @@ fn exhaustion_releases_retries_reports_and_recovers() {
     assert_eq!(s.num_ooms, 1);
     // A failed request keeps no pages it could not use: everything held is under a live block, so the
     // rest of the process can still allocate.
-    assert_eq!(s.pages.pages_free_mapped + s.pages.pages_free_unmapped, 0, "{:?}", s.pages);
+    assert_eq!(
+        s.pages.pages_free_mapped + s.pages.pages_free_unmapped,
+        0,
+        "{:?}",
+        s.pages
+    );
     assert_eq!(s.pages.pages_held, s.pages.pages_in_use);
     assert!(s.num_alloc_retries >= 1);
     // Free half: cached blocks must be given back to serve a different size.

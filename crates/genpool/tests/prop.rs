@@ -813,7 +813,6 @@ fn prop_backed_patterns() {
 /// the block while work queued on the freeing stream may still use it. Ignored until the engine orders
 /// the overflow path (`Pool::cache_or_free`); run with `--include-ignored` to check a fix.
 #[test]
-#[ignore = "engine bug: a front-cache overflow frees to the tier without stream ordering"]
 fn cache_overflow_free_is_stream_ordered() {
     let dev = Arc::new(SimDevice::config().capacity(GIB).build().unwrap());
     let pool = Pool::new(
@@ -851,7 +850,6 @@ fn cache_overflow_free_is_stream_ordered() {
 /// Ignored until the engine's caches start in the multi-stream mode once the engine has seen two
 /// streams; run with `--include-ignored` to check a fix.
 #[test]
-#[ignore = "engine bug: a one-stream front cache drains to the shared tier without synchronizing"]
 fn cache_solo_drain_is_stream_ordered() {
     let dev = Arc::new(SimDevice::config().capacity(512 * MIB).build().unwrap());
     let pool = Pool::new(dev.clone() as Arc<dyn Device>, Config::default()).unwrap();
