@@ -32,8 +32,8 @@ use std::sync::Arc;
 use gen_device::{Device, DeviceError, DevicePtr, PhysHandle};
 
 mod tally;
-pub use tally::PageTally;
 use parking_lot::Mutex;
+pub use tally::PageTally;
 
 /// Errors of the page layer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
