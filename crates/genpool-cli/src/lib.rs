@@ -58,7 +58,8 @@ pub enum Command {
     Replay(ReplayArgs),
     /// Simulate PyTorch's and RMM's allocators and genpool on traces; compare with measured ratios.
     Analyze(analyze::AnalyzeArgs),
-    /// The analysis of `analyze` over all traces as one Markdown report.
+    /// A report on traces: Markdown, or with `--html FILE` a self-contained page (per-tier timelines,
+    /// lifetimes, the confusion matrix, the sizes that waste most).
     Report(report::ReportArgs),
 }
 
