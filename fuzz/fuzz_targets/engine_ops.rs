@@ -19,7 +19,7 @@ const CAPACITY: u64 = 96 * MIB;
 enum Action {
     Alloc {
         size: u32,
-        /// Scale: 0-1 bytes as given (slab and extent sizes), 2 ×256 (MiB range), 3 beyond the device.
+        /// Scale: 0-1 the bytes as given, 2 a multiple of 256 below 2 MiB, 3 beyond the device.
         scale: u8,
         stream: u8,
         lifetime: u8,
@@ -64,12 +64,12 @@ fuzz_target!(|input: Input| {
     let mut paused = [false; 3];
     let mut live: BTreeMap<u64, (u64, u8)> = BTreeMap::new();
     let mut pattern = 0u8;
-    for a in input.actions.iter().take(512) {
+    for a in input.actions.iter().take(128) {
         match *a {
             Action::Alloc { size, scale, stream, lifetime, site } => {
                 let size = match scale % 4 {
                     0 | 1 => size as u64,
-                    2 => (size as u64 % (8 * MIB / 256)) * 256,
+                    2 => (size as u64 % (2 * MIB / 256)) * 256,
                     _ => CAPACITY.saturating_add(size as u64),
                 };
                 let hint = Hint {
