@@ -14,19 +14,51 @@ use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]
 enum Call {
-    Malloc { size: u32, big: bool, device: i8, stream: u8 },
-    Free { pick: u16, size: u64, device: i8, stream: u8 },
-    FreeRaw { addr: u64, size: u64, device: i32, stream: u64 },
-    RecordStream { pick: u16, stream: u64 },
-    Fraction { fraction: f64, device: i32 },
-    Stats { device: i32, len: u16 },
-    LastError { len: u16 },
-    Trim { device: i32 },
-    Mark { device: i32 },
+    Malloc {
+        size: u32,
+        big: bool,
+        device: i8,
+        stream: u8,
+    },
+    Free {
+        pick: u16,
+        size: u64,
+        device: i8,
+        stream: u8,
+    },
+    FreeRaw {
+        addr: u64,
+        size: u64,
+        device: i32,
+        stream: u64,
+    },
+    RecordStream {
+        pick: u16,
+        stream: u64,
+    },
+    Fraction {
+        fraction: f64,
+        device: i32,
+    },
+    Stats {
+        device: i32,
+        len: u16,
+    },
+    LastError {
+        len: u16,
+    },
+    Trim {
+        device: i32,
+    },
+    Mark {
+        device: i32,
+    },
     Reset,
     /// Only counts PyTorch never passes (negative, or above the devices used here), so later inputs keep
     /// their devices.
-    Init { count: i32 },
+    Init {
+        count: i32,
+    },
 }
 
 static INIT: Once = Once::new();
@@ -48,8 +80,17 @@ fuzz_target!(|calls: Vec<Call>| {
     let mut live: BTreeMap<u64, i32> = BTreeMap::new();
     for c in calls.iter().take(256) {
         match *c {
-            Call::Malloc { size, big, device, stream: s } => {
-                let size = if big { (size as usize) << 24 } else { size as usize };
+            Call::Malloc {
+                size,
+                big,
+                device,
+                stream: s,
+            } => {
+                let size = if big {
+                    (size as usize) << 24
+                } else {
+                    size as usize
+                };
                 let device = (device % 4) as i32;
                 let p = genpool_malloc(size, device, stream(s));
                 if !p.is_null() {
@@ -58,18 +99,38 @@ fuzz_target!(|calls: Vec<Call>| {
                     assert!(live.insert(a, device).is_none(), "{a:#x} handed out twice");
                 }
             }
-            Call::Free { pick, size, device, stream: s } if !live.is_empty() => {
+            Call::Free {
+                pick,
+                size,
+                device,
+                stream: s,
+            } if !live.is_empty() => {
                 let (&a, &d) = live.iter().nth(pick as usize % live.len()).unwrap();
                 // Sometimes the wrong device index: refused, then freed on the right one.
                 let dev = if device < 0 { d } else { (device % 4) as i32 };
-                genpool_free(std::ptr::without_provenance_mut(a as usize), size as usize, dev, stream(s));
+                genpool_free(
+                    std::ptr::without_provenance_mut(a as usize),
+                    size as usize,
+                    dev,
+                    stream(s),
+                );
                 if dev != d {
-                    genpool_free(std::ptr::without_provenance_mut(a as usize), 0, d, stream(0));
+                    genpool_free(
+                        std::ptr::without_provenance_mut(a as usize),
+                        0,
+                        d,
+                        stream(0),
+                    );
                 }
                 live.remove(&a);
             }
             Call::Free { .. } => {}
-            Call::FreeRaw { addr, size, device, stream: s } => {
+            Call::FreeRaw {
+                addr,
+                size,
+                device,
+                stream: s,
+            } => {
                 if !live.contains_key(&addr) {
                     genpool_free(
                         std::ptr::without_provenance_mut(addr as usize),
@@ -80,7 +141,11 @@ fuzz_target!(|calls: Vec<Call>| {
                 }
             }
             Call::RecordStream { pick, stream: s } => {
-                let a = live.keys().nth(pick as usize % live.len().max(1)).copied().unwrap_or(pick as u64);
+                let a = live
+                    .keys()
+                    .nth(pick as usize % live.len().max(1))
+                    .copied()
+                    .unwrap_or(pick as u64);
                 genpool_record_stream(
                     std::ptr::without_provenance_mut(a as usize),
                     std::ptr::without_provenance_mut(s as usize),
@@ -89,7 +154,11 @@ fuzz_target!(|calls: Vec<Call>| {
             Call::Fraction { fraction, device } => genpool_set_memory_fraction(fraction, device),
             Call::Stats { device, len } => {
                 let mut buf = vec![0u8; len as usize];
-                let ptr = if len == 0 { std::ptr::null_mut() } else { buf.as_mut_ptr() as *mut c_char };
+                let ptr = if len == 0 {
+                    std::ptr::null_mut()
+                } else {
+                    buf.as_mut_ptr() as *mut c_char
+                };
                 // SAFETY: `ptr` is NULL or valid for `len` bytes.
                 let n = unsafe { genpool_stats_json(device, ptr, len as usize) };
                 if len > 0 {
@@ -99,7 +168,11 @@ fuzz_target!(|calls: Vec<Call>| {
             }
             Call::LastError { len } => {
                 let mut buf = vec![0u8; len as usize];
-                let ptr = if len == 0 { std::ptr::null_mut() } else { buf.as_mut_ptr() as *mut c_char };
+                let ptr = if len == 0 {
+                    std::ptr::null_mut()
+                } else {
+                    buf.as_mut_ptr() as *mut c_char
+                };
                 // SAFETY: `ptr` is NULL or valid for `len` bytes.
                 let _ = unsafe { genpool_last_error(ptr, len as usize) };
             }
@@ -113,6 +186,11 @@ fuzz_target!(|calls: Vec<Call>| {
         }
     }
     for (a, d) in live {
-        genpool_free(std::ptr::without_provenance_mut::<c_void>(a as usize), 0, d, stream(0));
+        genpool_free(
+            std::ptr::without_provenance_mut::<c_void>(a as usize),
+            0,
+            d,
+            stream(0),
+        );
     }
 });

@@ -25,9 +25,17 @@ enum Action {
         lifetime: u8,
         site: Option<u8>,
     },
-    Free { pick: u16, stream: u8 },
-    DoubleFree { pick: u16, stream: u8 },
-    ForeignFree { addr: u64 },
+    Free {
+        pick: u16,
+        stream: u8,
+    },
+    DoubleFree {
+        pick: u16,
+        stream: u8,
+    },
+    ForeignFree {
+        addr: u64,
+    },
     Trim,
     Mark,
     Pause(u8),
@@ -53,30 +61,53 @@ fn check(dev: &SimDevice, ptr: u64, size: u64, pattern: u8) {
     // One memcmp: a byte-by-byte scan would run the fuzzer's comparison hooks per byte.
     if buf != vec![pattern; size as usize] {
         let i = buf.iter().position(|&b| b != pattern).unwrap_or(0);
-        panic!("block {ptr:#x}+{size}: byte {i} is {:#x}, not {pattern:#x}", buf[i]);
+        panic!(
+            "block {ptr:#x}+{size}: byte {i} is {:#x}, not {pattern:#x}",
+            buf[i]
+        );
     }
 }
 
 fuzz_target!(|input: Input| {
-    let dev = Arc::new(SimDevice::config().capacity(CAPACITY).backed(true).build().unwrap());
+    let dev = Arc::new(
+        SimDevice::config()
+            .capacity(CAPACITY)
+            .backed(true)
+            .build()
+            .unwrap(),
+    );
     let cfg = Config::parse(CONFIGS[input.config as usize % CONFIGS.len()]).unwrap();
     let pool = Pool::new(dev.clone() as Arc<dyn Device>, cfg).unwrap();
-    let streams = [0, dev.stream_create().unwrap(), dev.stream_create().unwrap()];
+    let streams = [
+        0,
+        dev.stream_create().unwrap(),
+        dev.stream_create().unwrap(),
+    ];
     let events: Vec<EventHandle> = (0..3).map(|_| dev.event_create().unwrap()).collect();
     let mut paused = [false; 3];
     let mut live: BTreeMap<u64, (u64, u8)> = BTreeMap::new();
     let mut pattern = 0u8;
     for a in input.actions.iter().take(128) {
         match *a {
-            Action::Alloc { size, scale, stream, lifetime, site } => {
+            Action::Alloc {
+                size,
+                scale,
+                stream,
+                lifetime,
+                site,
+            } => {
                 let size = match scale % 4 {
                     0 | 1 => size as u64,
                     2 => (size as u64 % (2 * MIB / 256)) * 256,
                     _ => CAPACITY.saturating_add(size as u64),
                 };
                 let hint = Hint {
-                    lifetime: [None, Some(Lifetime::Short), Some(Lifetime::Mid), Some(Lifetime::Long)]
-                        [lifetime as usize % 4],
+                    lifetime: [
+                        None,
+                        Some(Lifetime::Short),
+                        Some(Lifetime::Mid),
+                        Some(Lifetime::Long),
+                    ][lifetime as usize % 4],
                     site: site.map(u64::from),
                 };
                 match pool.alloc(size, streams[stream as usize % 3], hint) {
@@ -98,7 +129,9 @@ fuzz_target!(|input: Input| {
                     Err(e) => panic!("alloc({size}): {e}"),
                 }
             }
-            Action::Free { pick, stream } | Action::DoubleFree { pick, stream } if !live.is_empty() => {
+            Action::Free { pick, stream } | Action::DoubleFree { pick, stream }
+                if !live.is_empty() =>
+            {
                 let p = *live.keys().nth(pick as usize % live.len()).unwrap();
                 let (size, pat) = live.remove(&p).unwrap();
                 check(&dev, p, size, pat);
@@ -106,14 +139,20 @@ fuzz_target!(|input: Input| {
                 if matches!(a, Action::DoubleFree { .. }) {
                     assert!(matches!(
                         pool.free(p, 0),
-                        Err(GenpoolError::InvalidFree { fault: FreeFault::DoubleFree, .. })
+                        Err(GenpoolError::InvalidFree {
+                            fault: FreeFault::DoubleFree,
+                            ..
+                        })
                     ));
                 }
             }
             Action::Free { .. } | Action::DoubleFree { .. } => {}
             Action::ForeignFree { addr } => {
                 if !live.contains_key(&addr) {
-                    assert!(matches!(pool.free(addr, 0), Err(GenpoolError::InvalidFree { .. })));
+                    assert!(matches!(
+                        pool.free(addr, 0),
+                        Err(GenpoolError::InvalidFree { .. })
+                    ));
                 }
             }
             Action::Trim => {
@@ -144,5 +183,9 @@ fuzz_target!(|input: Input| {
     }
     pool.trim();
     assert_eq!(pool.reserved_now(), 0, "memory held after free all + trim");
-    assert_eq!(dev.reserved().current, 0, "device memory held after free all + trim");
+    assert_eq!(
+        dev.reserved().current,
+        0,
+        "device memory held after free all + trim"
+    );
 });
