@@ -174,8 +174,8 @@ fuzz_target!(|input: Input| {
         assert_eq!(pool.allocated(), live.values().map(|l| l.0).sum::<u64>());
         assert_eq!(pool.live_blocks(), live.len());
     }
-    for i in 1..3 {
-        dev.resume_stream(streams[i]).unwrap();
+    for &s in &streams[1..] {
+        dev.resume_stream(s).unwrap();
     }
     for (p, (size, pat)) in std::mem::take(&mut live) {
         check(&dev, p, size, pat);
