@@ -269,7 +269,7 @@ fn parse_rmm_time(s: &[u8]) -> Option<u64> {
         if parts.next().is_some() || m >= 60 || sec >= 61 {
             return None;
         }
-        h * 3600 + m * 60 + sec
+        h.checked_mul(3600)?.checked_add(m * 60 + sec)?
     } else {
         parse_dec(whole)?
     };
@@ -335,10 +335,10 @@ fn read_rmm_body(file: &str, name: &str, r: impl BufRead) -> Result<Trace, Trace
             .ok_or_else(|| err("Time", "a time (HH:MM:SS.ffffff or seconds.micros)", f[1]))?;
         // Clock-of-day times wrap at midnight; threads may log slightly out of order, so only a jump
         // back of more than half a day counts as a wrap.
-        if t + day_offset + DAY_US / 2 < last_t {
-            day_offset += DAY_US;
+        if t.saturating_add(day_offset).saturating_add(DAY_US / 2) < last_t {
+            day_offset = day_offset.saturating_add(DAY_US);
         }
-        let t_us = t + day_offset;
+        let t_us = t.saturating_add(day_offset);
         last_t = last_t.max(t_us);
         let addr = parse_hex(trim(f[3])).ok_or_else(|| err("Pointer", "a hex pointer", f[3]))?;
         let size =

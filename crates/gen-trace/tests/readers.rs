@@ -284,3 +284,21 @@ fn shared_traces_load_fast_and_match_readme() {
         assert!(took.as_secs_f64() < limit, "{f}: load took {took:?}");
     }
 }
+
+/// Found by the `trace_rmm` fuzz target: an hour field so large that `h * 3600` overflowed (a panic in
+/// debug builds, a wrong time in release). Now a clean error naming the line, or a trace — never a panic.
+#[test]
+fn rmm_time_overflow_is_not_a_panic() {
+    let bytes = std::fs::read(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../fuzz/regressions/trace_rmm/hour-overflow.rmm.csv"),
+    )
+    .unwrap();
+    match gen_trace::load_bytes("hour-overflow.rmm.csv", &bytes) {
+        Ok(_) => {}
+        Err(e) => assert!(e.to_string().starts_with("hour-overflow.rmm.csv:"), "{e}"),
+    }
+    let huge = "Thread,Time,Action,Pointer,Size,Stream\n1,99999999999999999:00:00.0,allocate,0x1000,512,0x0\n";
+    let e = gen_trace::load_bytes("huge.csv", huge.as_bytes()).unwrap_err();
+    assert_eq!(e.line, 2, "{e}");
+}
