@@ -455,8 +455,9 @@ impl Pool {
         }
     }
 
-    /// Return at least `bytes` of cached blocks (largest first) to their tiers, the extent arena's
-    /// first. Returns the bytes returned.
+    /// Return at least `bytes` of cached blocks (largest first; `u64::MAX` = all) to their tiers, the
+    /// extent arena's first, each made safe first (its freeing stream synchronized). Returns the bytes
+    /// returned.
     fn drain_caches(&self, bytes: u64) -> u64 {
         let mut done = 0u64;
         let caches: [(&StreamCache, &dyn Fn(u64)); 2] = [
@@ -526,21 +527,7 @@ impl Pool {
     /// Give back everything cached: blocks to their tiers (streams synchronized as needed), empty slab
     /// chunks, the driver pool's spare memory, empty regions, and unused pages to the driver.
     fn relieve(&self, hard: bool) {
-        let drain = |cache: &StreamCache, free: &dyn Fn(u64)| {
-            if let Err(e) = cache.drain(&mut |p, _| free(p)) {
-                log::error!("genpool: draining a stream cache: {e}");
-            }
-        };
-        drain(&self.extent_cache, &|p| {
-            if let Err(e) = self.extent.free(p) {
-                log::error!("genpool: returning a cached block to the extent arena: {e}");
-            }
-        });
-        drain(&self.buddy_cache, &|p| {
-            if let Err(e) = self.buddy.free(p) {
-                log::error!("genpool: returning a cached block to the buddy: {e}");
-            }
-        });
+        self.drain_caches(u64::MAX);
         if let Err(e) = self.slab.reclaim() {
             log::error!("genpool: slab reclaim: {e}");
         }
