@@ -555,7 +555,7 @@ impl StreamCache {
     ) -> Result<u64, DeviceError> {
         let transition = self.transition.lock();
         let mut groups = self.extract_all();
-        groups.sort_unstable_by(|a, b| b.size.cmp(&a.size));
+        groups.sort_unstable_by_key(|g| std::cmp::Reverse(g.size));
         let mut chosen = Vec::new();
         let mut bytes = 0u64;
         for g in groups {
