@@ -137,8 +137,6 @@ impl PagePoolStats {
 #[derive(Clone, Copy, Debug, Default)]
 struct Page {
     refs: u32,
-    /// Incremented whenever the page leaves the free-mapped state, invalidating queue entries.
-    stamp: u32,
     handle: Option<PhysHandle>,
 }
 
@@ -274,7 +272,6 @@ impl PagePool {
         let handle = p.handle.expect("free-mapped page has a handle");
         self.device.unmap(va, self.page)?;
         p.handle = None;
-        p.stamp = p.stamp.wrapping_add(1);
         g.stats.unmaps += 1;
         Ok(handle)
     }
@@ -333,7 +330,6 @@ impl PagePool {
                     p.refs += 1;
                 } else if p.handle.is_some() {
                     p.refs = 1;
-                    p.stamp = p.stamp.wrapping_add(1);
                     free_mapped.remove(&(pidx as u32, rid));
                     stats.revivals += 1;
                     stats.pages_in_use += 1;
