@@ -209,16 +209,7 @@ fn read_csv_body(file: &str, name: &str, r: impl BufRead) -> Result<Trace, Trace
         line: 1,
     };
     while let Some((line, l)) = lines.next(file)? {
-        let mut f: [&[u8]; 6] = [&[]; 6];
-        let n = split(l, &mut f);
-        if n != 6 {
-            return Err(TraceError::new(
-                file,
-                line,
-                None,
-                format!("expected 6 fields ({CSV_HEADER}), found {n}"),
-            ));
-        }
+        let f = six_fields(file, line, l, CSV_HEADER)?;
         let num = |i: usize, field: &str| {
             parse_dec(f[i]).ok_or_else(|| {
                 TraceError::new(
@@ -256,6 +247,26 @@ fn read_csv_body(file: &str, name: &str, r: impl BufRead) -> Result<Trace, Trace
 
 /// Parses RMM's time column: `HH:MM:SS.ffffff` (spdlog `%H:%M:%S.%f`, current RMM) or decimal seconds
 /// (`1634567890.123456`, as RMM's docs show). Returns microseconds.
+/// The six comma-separated fields of a trace line, or an error naming the line and the expected header.
+fn six_fields<'l>(
+    file: &str,
+    line: u64,
+    l: &'l [u8],
+    header: &str,
+) -> Result<[&'l [u8]; 6], TraceError> {
+    let mut f: [&[u8]; 6] = [&[]; 6];
+    let n = split(l, &mut f);
+    if n != 6 {
+        return Err(TraceError::new(
+            file,
+            line,
+            None,
+            format!("expected 6 fields ({header}), found {n}"),
+        ));
+    }
+    Ok(f)
+}
+
 fn parse_rmm_time(s: &[u8]) -> Option<u64> {
     let (whole, frac) = match s.iter().position(|&c| c == b'.') {
         Some(p) => (&s[..p], &s[p + 1..]),
@@ -294,16 +305,7 @@ fn read_rmm_body(file: &str, name: &str, r: impl BufRead) -> Result<Trace, Trace
     };
     let (mut day_offset, mut last_t) = (0u64, 0u64);
     while let Some((line, l)) = lines.next(file)? {
-        let mut f: [&[u8]; 6] = [&[]; 6];
-        let n = split(l, &mut f);
-        if n != 6 {
-            return Err(TraceError::new(
-                file,
-                line,
-                None,
-                format!("expected 6 fields ({RMM_HEADER}), found {n}"),
-            ));
-        }
+        let f = six_fields(file, line, l, RMM_HEADER)?;
         let err = |field: &str, what: &str, v: &[u8]| {
             TraceError::new(
                 file,
