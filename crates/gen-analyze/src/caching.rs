@@ -21,7 +21,10 @@
 //! - **Expandable segments**: each (stream, pool) owns one segment of virtual address space that is
 //!   mapped from its start in pages of 2 MiB (small pool) or 20 MiB (large pool). With no fitting free
 //!   block, the request is placed at the end of the mapped range (starting inside the last block when
-//!   that one is free) and just enough pages are mapped to cover it. Blocks split when the rest is
+//!   that one is free) and just enough pages are mapped to cover it. Best fit treats the free block
+//!   at the mapped end as the size it could grow to (`get_free_block`'s "expandable size"): when it
+//!   is the best fit, the next larger free block of the pool and stream is taken instead if there is
+//!   one, keeping the growable tail for requests nothing else fits. Blocks split when the rest is
 //!   ≥ 512 B, in both pools. Pages are never unmapped (PyTorch unmaps only on `empty_cache` or when out
 //!   of memory).
 //!
@@ -268,6 +271,31 @@ impl CachingSim {
         (start, b)
     }
 
+    /// Whether the free block at `addr` ends where its expandable segment's mapped range ends, so
+    /// that it can grow into unmapped address space.
+    fn is_expandable_tail(&self, addr: u64, b: &Block) -> bool {
+        self.mode == CachingMode::Expandable && {
+            let seg = self.segs[b.segment as usize];
+            addr + b.size == seg.base + seg.mapped
+        }
+    }
+
+    /// `get_free_block`'s choice: the smallest free block of at least `size` in the pool and stream
+    /// (lowest address among equals). With expandable segments a block that borders unmapped space
+    /// counts, for best fit, as the size it could grow to (its size plus the unmapped rest), so the
+    /// next larger free block of the pool and stream is taken instead when there is one.
+    fn best_fit(&self, small: bool, stream: u64, size: u64) -> Option<(bool, u64, u64, u64)> {
+        let same = |&&(s, st, _, _): &&(bool, u64, u64, u64)| s == small && st == stream;
+        let mut it = self.free.range((small, stream, size, 0)..).take_while(same);
+        let first = *it.next()?;
+        if !self.is_expandable_tail(first.3, &self.blocks[&first.3]) {
+            return Some(first);
+        }
+        // Every other free block is smaller than the tail's expandable size (the unmapped rest of
+        // a segment spans more than the device's memory), so the next one in size order wins.
+        Some(it.next().copied().unwrap_or(first))
+    }
+
     fn should_split(&self, b: &Block, size: u64) -> bool {
         let rest = b.size - size;
         if b.small || self.mode == CachingMode::Expandable {
@@ -296,11 +324,7 @@ impl ReplayAllocator for CachingSim {
         let small = size <= SMALL_SIZE;
         let max_split = self.knobs.max_split();
         let found = self
-            .free
-            .range((small, stream, size, 0)..)
-            .next()
-            .copied()
-            .filter(|&(s, st, _, _)| s == small && st == stream)
+            .best_fit(small, stream, size)
             // Oversize blocks serve only oversize requests, and only close fits.
             .filter(|&(_, _, bsize, _)| {
                 if size < max_split {
@@ -457,6 +481,27 @@ mod tests {
         a.alloc(512, 0, None).unwrap();
         assert_eq!(a.reserved(), 3 * LARGE_BUFFER + SMALL_BUFFER);
         assert_eq!(a.segments(), 2);
+    }
+
+    #[test]
+    fn expandable_best_fit_keeps_the_growable_tail() {
+        let mut a = CachingSim::new(CachingMode::Expandable);
+        let p = a.alloc(10 * MIB, 0, None).unwrap();
+        let q = a.alloc(3 * MIB / 2, 0, None).unwrap();
+        a.free(p, 0, 0).unwrap();
+        // Free: the 10 MiB hole at p and the 8.5 MiB tail at q + 1.5 MiB. Plain best fit would take
+        // the tail; PyTorch counts the tail as what it can grow to and takes the hole.
+        assert_eq!(a.alloc(8 * MIB, 0, None).unwrap(), p);
+        // Now the tail is the only block that fits: it is used, no page is mapped.
+        assert_eq!(a.alloc(8 * MIB, 0, None).unwrap(), q + 3 * MIB / 2);
+        assert_eq!(a.reserved(), LARGE_BUFFER);
+        // Native segments have no tail: plain best fit.
+        let mut n = CachingSim::new(CachingMode::Native);
+        let p = n.alloc(10 * MIB, 0, None).unwrap();
+        let big = n.alloc(12 * MIB, 0, None).unwrap();
+        n.free(p, 0, 0).unwrap();
+        n.free(big, 0, 0).unwrap();
+        assert_eq!(n.alloc(9 * MIB, 0, None).unwrap(), p);
     }
 
     #[test]

@@ -8,9 +8,6 @@ use gen_analyze::{analyze, Strategy};
 /// The bound on |simulated − measured|.
 const TOLERANCE: f64 = 0.02;
 
-/// Simulations known to miss the bound, and by how much at most (see the crate README).
-const KNOWN_MISSES: &[(&str, Strategy, f64)] = &[("gpt2_generate_kv", Strategy::Expandable, 0.03)];
-
 fn check(trace: &gen_trace::Trace) {
     let a = analyze(
         trace,
@@ -19,12 +16,8 @@ fn check(trace: &gen_trace::Trace) {
     .unwrap();
     for r in &a.results {
         let err = r.error().expect("every trace here has measured anchors");
-        let bound = KNOWN_MISSES
-            .iter()
-            .find(|(t, s, _)| *t == a.trace && *s == r.strategy)
-            .map_or(TOLERANCE, |m| m.2);
         assert!(
-            err.abs() <= bound,
+            err.abs() <= TOLERANCE,
             "{} {}: simulated {:.4}, measured {:.4}",
             a.trace,
             r.strategy.name(),
