@@ -4,10 +4,22 @@
 use std::sync::Arc;
 
 use gen_device::cuda::CudaDevice;
-use gen_device::{Device, DeviceError};
-use genpool::{Config, GenpoolError, Hint, Lifetime, Pool, Tier};
+use gen_device::{Device, DeviceError, EventHandle, StreamId};
+use genpool::{Block, Config, GenpoolError, Hint, Lifetime, Pool, Tier};
 
 const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+/// The slow work queued on stream A by the stream-order tests: [`SLOW_REPS`] memsets of a
+/// [`SLOW_BYTES`] buffer (32 GiB written: about 10 ms on an H200), so that work queued on B right after
+/// runs while A is still busy.
+const SLOW_BYTES: u64 = 2 * GIB;
+/// See [`SLOW_BYTES`].
+const SLOW_REPS: usize = 16;
+/// The pattern stream A writes into block X after its slow work.
+const PAT_A: u8 = 0xA1;
+/// The pattern stream B writes into the block it was given.
+const PAT_B: u8 = 0xB2;
 
 fn device() -> Option<Arc<dyn Device>> {
     match CudaDevice::new(0) {
@@ -148,4 +160,187 @@ fn capped_pool_out_of_memory_recovers() {
     pool.free(b.ptr, 0).unwrap();
     pool.trim();
     assert_eq!(pool.reserved_now(), 0);
+}
+
+/// Two streams and what the stream-order tests share: the slow-work buffer and an event recorded on A
+/// after the slow work (queried to show the race window was open).
+struct TwoStreams {
+    dev: Arc<dyn Device>,
+    a: StreamId,
+    b: StreamId,
+    big: u64,
+    slow_done: EventHandle,
+}
+
+impl TwoStreams {
+    fn new(dev: Arc<dyn Device>) -> Self {
+        let (a, b) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
+        let big = dev.mem_alloc(SLOW_BYTES).unwrap();
+        let slow_done = dev.event_create().unwrap();
+        TwoStreams {
+            dev,
+            a,
+            b,
+            big,
+            slow_done,
+        }
+    }
+
+    /// Let `pool` see both streams (a 512 B block on each; 512 B is in no size class the tests use), so
+    /// the engine's one-time device synchronization at the second stream's first use happens here and
+    /// not during the test: what follows relies on its stream-ordered reuse rules alone.
+    fn introduce(&self, pool: &Pool) {
+        for s in [self.a, self.b] {
+            let w = pool.alloc(512, s, hint(Lifetime::Short)).unwrap();
+            pool.free(w.ptr, s).unwrap();
+        }
+        self.dev.synchronize().unwrap();
+    }
+
+    /// Queue the slow work on A, then `PAT_A` over `x` on A, and record `slow_done` after them.
+    fn queue_slow_then_pattern(&self, x: Block) {
+        for i in 0..SLOW_REPS {
+            self.dev
+                .memset_async(self.big, i as u8, SLOW_BYTES, self.a)
+                .unwrap();
+        }
+        self.dev.memset_async(x.ptr, PAT_A, x.size, self.a).unwrap();
+        self.dev.event_record(self.slow_done, self.a).unwrap();
+    }
+
+    /// Whether A's queued work (slow work and pattern) has completed.
+    fn a_done(&self) -> bool {
+        self.dev.event_query(self.slow_done).unwrap()
+    }
+
+    /// After a full device synchronization, count the bytes of `[ptr, ptr + len)` equal to `PAT_A` and to
+    /// `PAT_B`.
+    fn settle_and_count(&self, ptr: u64, len: u64) -> (usize, usize) {
+        self.dev.synchronize().unwrap();
+        let mut back = vec![0u8; len as usize];
+        self.dev.read(ptr, &mut back).unwrap();
+        let a = back.iter().filter(|&&v| v == PAT_A).count();
+        let b = back.iter().filter(|&&v| v == PAT_B).count();
+        (a, b)
+    }
+}
+
+impl Drop for TwoStreams {
+    fn drop(&mut self) {
+        let d = &self.dev;
+        let r = d
+            .synchronize()
+            .and_then(|()| d.mem_free(self.big))
+            .and_then(|()| d.event_destroy(self.slow_done))
+            .and_then(|()| d.stream_destroy(self.a))
+            .and_then(|()| d.stream_destroy(self.b));
+        if let Err(e) = r {
+            eprintln!("stream-order test teardown: {e}");
+        }
+    }
+}
+
+/// The stream-order rule with a race window that is really open (issue #6). For each tier: block X is
+/// allocated on stream A, slow work (32 GiB of memsets) is queued on A, then `PAT_A` over X on A, and X
+/// is freed on A through the engine while all of that is still running. Then a block of the same size is
+/// allocated on B through the engine and filled with `PAT_B` on B. Whether the engine hands out X, a
+/// block overlapping X, or another block, after a device synchronization every byte must read `PAT_B`: a
+/// block reused before A's work is done would have A's later `PAT_A` land over B's bytes (the
+/// `cross_stream_broken_reuse_is_caught` test shows that this check sees exactly that).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cross_stream_reuse_waits_for_work_on_the_freeing_stream() {
+    let Some(dev) = device() else { return };
+    let t = TwoStreams::new(dev.clone());
+    let cases = [
+        ("", 4096, Lifetime::Short, Tier::Slab),
+        ("", 8 * MIB, Lifetime::Short, Tier::Extent),
+        ("long_tier:buddy", MIB, Lifetime::Long, Tier::Buddy),
+        ("mid_tier:stream", MIB, Lifetime::Mid, Tier::Stream),
+    ];
+    for (conf, size, life, tier) in cases {
+        let pool = Pool::new(dev.clone(), Config::parse(conf).unwrap()).unwrap();
+        t.introduce(&pool);
+        let x = pool.alloc(size, t.a, hint(life)).unwrap();
+        assert_eq!(x.tier, tier, "'{conf}' {size} {life:?}");
+        t.queue_slow_then_pattern(x);
+        pool.free(x.ptr, t.a).unwrap();
+        assert!(
+            !t.a_done(),
+            "{tier:?}: stream A finished its slow work before B allocated, so this run cannot tell a \
+             safe engine from an unsafe one: raise SLOW_BYTES or SLOW_REPS"
+        );
+        let y = pool.alloc(size, t.b, hint(life)).unwrap();
+        let waited_on_host = t.a_done();
+        t.dev.memset_async(y.ptr, PAT_B, y.size, t.b).unwrap();
+        let (n_a, n_b) = t.settle_and_count(y.ptr, y.size);
+        let overlap = y.ptr < x.ptr + x.size && x.ptr < y.ptr + y.size;
+        eprintln!(
+            "{tier:?}: B got {} ({:#x}, X is {:#x}); when the engine returned, A's work was {}",
+            if y.ptr == x.ptr {
+                "X itself"
+            } else if overlap {
+                "a block overlapping X"
+            } else {
+                "another block"
+            },
+            y.ptr,
+            x.ptr,
+            if waited_on_host {
+                "done (the engine waited on the host)"
+            } else {
+                "still running (the engine relied on stream order or event waits)"
+            }
+        );
+        assert_eq!(
+            (n_a, n_b),
+            (0, y.size as usize),
+            "{tier:?}: B's block holds {n_a} bytes of A's pattern and {n_b} of its own out of {}: the \
+             engine handed B memory that stream A was still going to write",
+            y.size
+        );
+        pool.free(y.ptr, t.b).unwrap();
+        t.dev.synchronize().unwrap();
+        pool.trim();
+        assert_eq!(pool.reserved_now(), 0, "{tier:?}: memory left after trim");
+    }
+}
+
+/// The broken variant: the data check of `cross_stream_reuse_waits_for_work_on_the_freeing_stream` does
+/// bite. The same sequence, but the B-side writer uses X's address directly, as an allocator without an
+/// event wait would hand it out: A's later `PAT_A` then lands over B's bytes, and this test asserts that
+/// the read-back sees it. If the race cannot be observed here (A's work too short, or the streams
+/// serialized, as compute-sanitizer does) the test fails and says so rather than pass silently.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cross_stream_broken_reuse_is_caught() {
+    let Some(dev) = device() else { return };
+    let t = TwoStreams::new(dev.clone());
+    let pool = Pool::new(dev.clone(), Config::default()).unwrap();
+    t.introduce(&pool);
+    // An extent block: its pages stay mapped after the free (the engine keeps them), so writing and
+    // reading X's address afterwards touches valid device memory.
+    let x = pool.alloc(8 * MIB, t.a, hint(Lifetime::Short)).unwrap();
+    assert_eq!(x.tier, Tier::Extent);
+    t.queue_slow_then_pattern(x);
+    pool.free(x.ptr, t.a).unwrap();
+    t.dev.memset_async(x.ptr, PAT_B, x.size, t.b).unwrap();
+    let window_open = !t.a_done();
+    let (n_a, n_b) = t.settle_and_count(x.ptr, x.size);
+    eprintln!(
+        "unordered reuse: {n_a} bytes of A's pattern, {n_b} of B's, out of {}",
+        x.size
+    );
+    assert!(
+        window_open,
+        "stream A finished its slow work before B's write was queued: the race cannot show; raise \
+         SLOW_BYTES or SLOW_REPS"
+    );
+    assert!(
+        n_a > 0,
+        "race not observable: B's write landed after A's although A was still busy when it was queued \
+         (streams serialized, e.g. under compute-sanitizer?): the stream-order test proves nothing on \
+         this setup"
+    );
+    pool.trim();
 }
