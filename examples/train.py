@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Train a random-init model for a few steps under a chosen CUDA allocator.
 
-    python3 examples/train.py --model gpt2 --allocator genpool --steps 30 [--json]
+    python3 examples/train.py --model gpt2 --allocator genpool --steps 23 --warmup 3 [--json]
     python3 examples/train.py --model gpt2 --check-losses        # genpool's first 20 losses == native's
 
-Models (random init from configs, no downloads; bf16 autocast):
+Models (random init from configs directly on the GPU, no downloads; bf16 autocast):
   gpt2          GPT-2 small (12 layers), batch 8 x 1024 tokens, AdamW
+  gpt2-tiny     GPT-2 with 2 layers, d=128, batch 2 x 128 tokens, AdamW (for compute-sanitizer runs)
   gpt2m-varlen  GPT-2 medium (24 layers), batch 4-16 x 32-1024 tokens (random per step), AdamW
   llama-ckpt    a ~0.3B Llama (12 layers, d=1024, GQA) with gradient checkpointing, batch 4 x 128-2048
                 tokens (random per step), AdamW
@@ -15,11 +16,19 @@ Allocators: native (PyTorch's caching allocator), expandable (expandable_segment
 (backend:cudaMallocAsync), genpool (this project, through CUDAPluggableAllocator; the library is found via
 GENPOOL_LIB or the repository's target/release).
 
+Step time: no host synchronisation inside the loop (the losses are read after it, as a training loop that
+logs asynchronously does). A CUDA event is recorded on the compute stream at the end of every step;
+"median_step_ms" is the median over the timed steps (after --warmup) of the time between consecutive
+step-end events, so it includes any time the GPU waits for the host (allocator calls included).
+"mean_step_ms" is the wall time of the timed steps (synchronize before and after) divided by their number.
+
 Peak device memory is measured the same way for every allocator, from outside the allocator: a thread
 samples NVML every 2 ms — this process's used memory (nvmlDeviceGetComputeRunningProcesses) when NVML
 lists the process, else the device's used memory minus its value before CUDA was initialised — or, without
-NVML, torch.cuda.mem_get_info() deltas sampled the same way. The method is printed ("peak_method").
-Both include the CUDA context and library workspaces, identical across allocators.
+NVML (no `pynvml` module), torch.cuda.mem_get_info() deltas from just after CUDA initialisation, sampled
+the same way. "peak_method" names how the peak sample was taken. The NVML figures include the CUDA
+context and library workspaces, identical across allocators; a reservation held for less than the 2 ms
+sampling interval can be missed (the allocator's own "allocator_reserved_peak" is reported beside it).
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-MODELS = ("gpt2", "gpt2m-varlen", "llama-ckpt", "resnet50")
+MODELS = ("gpt2", "gpt2m-varlen", "llama-ckpt", "resnet50", "gpt2-tiny")
 ALLOCATORS = ("native", "expandable", "async", "genpool")
 
 
@@ -44,8 +53,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=MODELS, default="gpt2")
     p.add_argument("--allocator", choices=ALLOCATORS, default="native")
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--warmup", type=int, default=5, help="steps left out of the median step time")
+    p.add_argument("--steps", type=int, default=23, help="steps in all, warmup included")
+    p.add_argument("--warmup", type=int, default=3, help="steps left out of the step times")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--deterministic", action="store_true",
                    help="fixed seeds, torch.use_deterministic_algorithms(True), eager attention")
@@ -55,7 +64,10 @@ def parse_args(argv=None):
                    help="run native and genpool deterministically in fresh processes; compare the losses")
     p.add_argument("--check-steps", type=int, default=20)
     p.add_argument("--genpool-conf", default=None, help="GENPOOL_CONF for the genpool run")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.steps < 1 or args.warmup < 0 or args.check_steps < 1:
+        p.error("--steps and --check-steps must be at least 1, --warmup at least 0")
+    return args
 
 
 def configure_allocator_env(args) -> None:
@@ -78,7 +90,7 @@ class PeakSampler:
         self.peak = 0
         self._stop = threading.Event()
         self._thread = None
-        self.method = None
+        self.method = "none"  # how the peak sample was taken
         self._nvml = None
         try:
             import pynvml  # nvidia-ml-py
@@ -99,24 +111,28 @@ class PeakSampler:
                 return int(ids[device_index])
         return device_index
 
-    def _sample(self) -> int:
+    def _sample(self) -> tuple:
+        """(bytes used now, how it was measured)."""
         if self._nvml is not None:
             pid = os.getpid()
             try:
                 for proc in self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle):
                     if proc.pid == pid and proc.usedGpuMemory is not None:
-                        self.method = self.method or "nvml-process"
-                        return int(proc.usedGpuMemory)
+                        return int(proc.usedGpuMemory), "nvml-process"
             except self._nvml.NVMLError:
                 pass
             # The process is not listed (e.g. a PID namespace): device used memory minus the baseline.
-            self.method = self.method or "nvml-device-delta"
-            return int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used) - self._baseline
+            used = int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used)
+            return used - self._baseline, "nvml-device-delta"
         import torch
 
         free, total = torch.cuda.mem_get_info()
-        self.method = self.method or "cuda-mem_get_info-delta"
-        return total - free - self._baseline
+        return total - free - self._baseline, "cuda-mem_get_info-delta"
+
+    def _take(self) -> None:
+        value, method = self._sample()
+        if value > self.peak:
+            self.peak, self.method = value, method
 
     def start(self) -> None:
         if self._nvml is None:
@@ -131,7 +147,7 @@ class PeakSampler:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self.peak = max(self.peak, self._sample())
+                self._take()
             except Exception:
                 pass
             self._stop.wait(self.interval)
@@ -140,7 +156,7 @@ class PeakSampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self.peak = max(self.peak, self._sample())
+        self._take()
         return self.peak
 
 
@@ -151,7 +167,9 @@ def build(args, torch, device):
     if args.model == "resnet50":
         import torchvision
 
-        model = torchvision.models.resnet50(weights=None).to(device, memory_format=torch.channels_last)
+        with device:  # initialise on the GPU: seconds less per run than on the CPU
+            model = torchvision.models.resnet50(weights=None)
+        model = model.to(memory_format=torch.channels_last)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         loss_fn = torch.nn.CrossEntropyLoss()
 
@@ -169,20 +187,22 @@ def build(args, torch, device):
 
     if args.model == "gpt2":
         cfg = GPT2Config(n_layer=12, n_embd=768, n_head=12, n_positions=1024, **attn)
-        model = GPT2LMHeadModel(cfg)
         shape = lambda: (8, 1024)  # noqa: E731
+    elif args.model == "gpt2-tiny":
+        cfg = GPT2Config(n_layer=2, n_embd=128, n_head=4, n_positions=256, **attn)
+        shape = lambda: (2, 128)  # noqa: E731
     elif args.model == "gpt2m-varlen":
         cfg = GPT2Config(n_layer=24, n_embd=1024, n_head=16, n_positions=1024, **attn)
-        model = GPT2LMHeadModel(cfg)
         shape = lambda: (rng.choice((4, 8, 12, 16)), rng.randint(32, 1024))  # noqa: E731
     else:
         cfg = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=12,
                           num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=2048, **attn)
-        model = LlamaForCausalLM(cfg)
+        shape = lambda: (4, rng.randint(128, 2048))  # noqa: E731
+    with device:  # initialise on the GPU: seconds less per run than on the CPU
+        model = LlamaForCausalLM(cfg) if isinstance(cfg, LlamaConfig) else GPT2LMHeadModel(cfg)
+    if isinstance(cfg, LlamaConfig):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
-        shape = lambda: (4, rng.randint(128, 2048))  # noqa: E731
-    model = model.to(device)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     vocab = cfg.vocab_size
@@ -222,30 +242,45 @@ def train(args) -> dict:
     sampler.start()
 
     model, opt, step_fn = build(args, torch, device)
-    losses, times = [], []
+    warmup = args.warmup if args.steps > args.warmup else 0
+    loss_tensors, ends = [], []
+    start = torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    t0 = time.perf_counter()
     for i in range(args.steps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        if i == warmup and i > 0:  # the timed steps start from an idle GPU
+            torch.cuda.synchronize()
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            t0 = time.perf_counter()
         ctx = gp.step() if gp is not None else _null()
         with ctx:
             loss = step_fn(i)
             opt.step()
             opt.zero_grad(set_to_none=True)
-            value = loss.item()  # synchronizes
-        torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
-        losses.append(value)
-        times.append(dt)
-        if not args.quiet:
-            print(f"step {i:4d}  loss {value!r}  time {dt * 1e3:9.2f} ms", flush=True)
+        loss_tensors.append(loss.detach())
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        ends.append((start, end) if i in (0, warmup) else (ends[-1][1], end))
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    losses = [x.item() for x in loss_tensors]
+    times = [a.elapsed_time(b) for a, b in ends]  # ms
     peak = sampler.stop()
-    timed = times[args.warmup:] if len(times) > args.warmup else times
+    if not args.quiet:
+        for i, (value, ms) in enumerate(zip(losses, times)):
+            print(f"step {i:4d}  loss {value!r}  time {ms:9.2f} ms", flush=True)
+    timed = times[warmup:]
     result = {
         "model": args.model,
         "allocator": args.allocator,
         "steps": args.steps,
+        "warmup": warmup,
         "deterministic": args.deterministic,
-        "median_step_ms": statistics.median(timed) * 1e3,
+        "median_step_ms": statistics.median(timed),
+        "mean_step_ms": wall * 1e3 / len(timed),
+        "step_ms": [round(t, 3) for t in timed],
         "peak_bytes": peak,
         "peak_method": sampler.method,
         "losses": losses,
