@@ -162,6 +162,12 @@ fn capped_pool_out_of_memory_recovers() {
     assert_eq!(pool.reserved_now(), 0);
 }
 
+/// Set by `benches/gpu/reliability.sh` when it runs these tests under compute-sanitizer, which may
+/// serialize device work: the stream-order test then reports a closed race window instead of failing.
+fn under_sanitizer() -> bool {
+    std::env::var_os("GENPOOL_UNDER_SANITIZER").is_some()
+}
+
 /// Two streams and what the stream-order tests share: the slow-work buffer and an event recorded on A
 /// after the slow work (queried to show the race window was open).
 struct TwoStreams {
@@ -265,11 +271,16 @@ fn cross_stream_reuse_waits_for_work_on_the_freeing_stream() {
         assert_eq!(x.tier, tier, "'{conf}' {size} {life:?}");
         t.queue_slow_then_pattern(x);
         pool.free(x.ptr, t.a).unwrap();
-        assert!(
-            !t.a_done(),
-            "{tier:?}: stream A finished its slow work before B allocated, so this run cannot tell a \
-             safe engine from an unsafe one: raise SLOW_BYTES or SLOW_REPS"
-        );
+        if t.a_done() {
+            let why = format!(
+                "{tier:?}: stream A finished its slow work before B allocated, so this run cannot tell \
+                 a safe engine from an unsafe one: raise SLOW_BYTES or SLOW_REPS"
+            );
+            // Under a sanitizer, device work may be serialized with the host: the data check still
+            // runs, the window is only reported.
+            assert!(under_sanitizer(), "{why}");
+            eprintln!("NOTE (sanitizer run): {why}");
+        }
         let y = pool.alloc(size, t.b, hint(life)).unwrap();
         let waited_on_host = t.a_done();
         t.dev.memset_async(y.ptr, PAT_B, y.size, t.b).unwrap();
@@ -310,7 +321,8 @@ fn cross_stream_reuse_waits_for_work_on_the_freeing_stream() {
 /// bite. The same sequence, but the B-side writer uses X's address directly, as an allocator without an
 /// event wait would hand it out: A's later `PAT_A` then lands over B's bytes, and this test asserts that
 /// the read-back sees it. If the race cannot be observed here (A's work too short, or the streams
-/// serialized, as compute-sanitizer does) the test fails and says so rather than pass silently.
+/// serialized, as compute-sanitizer may do: `reliability.sh` skips it there) the test fails and says
+/// so rather than pass silently.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cross_stream_broken_reuse_is_caught() {
