@@ -1,0 +1,619 @@
+//! Periodic allocation plans.
+//!
+//! A training loop allocates the same sequence of blocks every iteration. A best-fit allocator lays that
+//! sequence out anew each time, reacting to the holes it left itself; the address space it touches over an
+//! iteration is several percent larger than what is live at the peak, and a page-mapped pool pays for the
+//! difference either in memory (keep every touched page) or in page moves (unmap and remap while the
+//! iteration runs, ~46 µs each on an H200). Knowing one whole iteration in advance removes both.
+//!
+//! A [`Planner`] watches the sizes of the allocations it is shown and:
+//!
+//! 1. **detects** a period: the smallest gap `p` at which the sequence has repeated for at least
+//!    `max(p, confirm)` allocations (inner repetitions, such as the identical layers of a transformer,
+//!    stop repeating before that and are not taken);
+//! 2. **records** one period, learning when each of its blocks is freed (lifetimes in allocation
+//!    positions, possibly wrapping into the next period), while checking that the next period repeats it;
+//! 3. **packs** the period offline ([`solve::pack`]: greedy by size, best-fitting gap, on a circle) into
+//!    one address range — its footprint is within a few percent of the most bytes alive at one moment;
+//! 4. asks its owner to **activate** the plan at the position of the period where the fewest planned
+//!    bytes are alive (the iteration boundary), the owner maps the footprint once, and from then on
+//!    **serves** each allocation whose size matches the plan's next position at its planned offset — no
+//!    search, no page work. An allocation that does not match (a shape changed, an extra tensor) is not
+//!    planned: the owner serves it elsewhere; the planner resynchronises on the next recognisable window of
+//!    sizes. A planned slot is only handed out when no block whose range overlaps it is live (checked
+//!    against a precomputed conflict list), so a block that lives longer than recorded is never
+//!    overwritten. When more than half of the allocations of two periods miss, the plan is dropped and the
+//!    planner starts detecting again; the owner releases the range once its last planned block is freed.
+//!
+//! The planner only computes offsets: it knows nothing of devices, streams or threads (its owner serialises
+//! calls, e.g. under a mutex, and keeps planning to a single stream — see genpool's engine).
+
+pub mod solve;
+
+use std::collections::HashMap;
+
+use solve::Interval;
+
+/// Configuration of a [`Planner`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlanConfig {
+    /// Shortest period considered (allocations).
+    pub min_period: u64,
+    /// Longest period considered (allocations); also bounds the history kept.
+    pub max_period: u64,
+    /// A period is adopted once the sequence has repeated at that gap for at least this many allocations
+    /// (and at least one whole period).
+    pub confirm: u64,
+    /// Allocations hashed together to recognise a position (detection and resynchronisation).
+    pub window: usize,
+}
+
+impl Default for PlanConfig {
+    fn default() -> Self {
+        PlanConfig {
+            min_period: 16,
+            max_period: 8192,
+            confirm: 2048,
+            window: 8,
+        }
+    }
+}
+
+/// What to do with one allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Serve the block at `offset` in the plan's range.
+    Planned {
+        /// Offset in the plan's range.
+        offset: u64,
+        /// Give it back to [`Planner::on_free`].
+        ticket: Ticket,
+    },
+    /// Serve the block elsewhere.
+    Unplanned {
+        /// Give it back to [`Planner::on_free`] (the planner may be recording this block's lifetime).
+        ticket: Ticket,
+    },
+}
+
+impl Decision {
+    /// The ticket, planned or not.
+    pub fn ticket(&self) -> Ticket {
+        match *self {
+            Decision::Planned { ticket, .. } | Decision::Unplanned { ticket } => ticket,
+        }
+    }
+}
+
+/// Identifies a block to the planner at its free. `Ticket::NONE` needs no call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
+pub struct Ticket(u64);
+
+const PLANNED: u64 = 1 << 63;
+const RECORDED: u64 = 1 << 62;
+
+impl Ticket {
+    /// A block the planner does not track.
+    pub const NONE: Ticket = Ticket(0);
+    /// Whether the block was served from the plan's range.
+    pub fn is_planned(self) -> bool {
+        self.0 & PLANNED != 0
+    }
+    /// Whether [`Planner::on_free`] must be called for it.
+    pub fn is_tracked(self) -> bool {
+        self.0 != 0
+    }
+}
+
+/// Counters of a [`Planner`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PlanStats {
+    /// Period of the current plan (0: none).
+    pub period: u64,
+    /// Bytes of the current plan's range.
+    pub footprint: u64,
+    /// Most bytes of planned blocks alive at one moment of the recorded period (the footprint's bound).
+    pub lower_bound: u64,
+    /// Whether a plan is serving allocations.
+    pub active: bool,
+    /// Allocations served at a planned offset.
+    pub hits: u64,
+    /// Allocations that did not match the plan's next position (and could not resynchronise).
+    pub misses: u64,
+    /// Matching allocations not planned (a block not in the plan, or its slot's neighbour still live).
+    pub blocked: u64,
+    /// Planned blocks live now.
+    pub planned_live: u64,
+    /// Plans activated so far.
+    pub activations: u64,
+    /// Plans dropped so far.
+    pub deactivations: u64,
+    /// Recordings abandoned because the sequence stopped repeating.
+    pub aborted_recordings: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Status {
+    Ready,
+    Active,
+    Draining,
+}
+
+struct Plan {
+    generation: u64,
+    period: u64,
+    sizes: Vec<u64>,
+    /// Planned offset per position; `u64::MAX` = not planned.
+    offsets: Vec<u64>,
+    /// Conflicts of each position (planned positions whose ranges overlap), CSR.
+    conflict_start: Vec<u32>,
+    conflicts: Vec<u32>,
+    live: Vec<bool>,
+    live_count: u64,
+    /// Position the next allocation is expected at.
+    cursor: u64,
+    /// Position at which to activate (fewest planned bytes alive).
+    phase: u64,
+    /// Window fingerprint ending at a position → that position (unique windows only).
+    by_fingerprint: HashMap<u64, u64>,
+    footprint: u64,
+    lower_bound: u64,
+    status: Status,
+    window_allocs: u64,
+    window_misses: u64,
+}
+
+const UNPLANNED: u64 = u64::MAX;
+
+struct Record {
+    period: u64,
+    /// Sequence number of the first recorded allocation.
+    start: u64,
+    sizes: Vec<u64>,
+    /// Sequence number at which each recorded block was freed (the count of allocations before it).
+    freed_at: Vec<u64>,
+}
+
+/// Detects, records, packs and serves a periodic allocation sequence. See the crate docs.
+pub struct Planner {
+    cfg: PlanConfig,
+    /// Allocations seen.
+    seq: u64,
+    /// Sizes of the last `hist.len()` allocations (ring).
+    hist: Vec<u64>,
+    mask: u64,
+    /// Fingerprint → last sequence number whose window had it.
+    last_seen: HashMap<u64, u64>,
+    /// Per ring slot: (sequence number, previous sequence number with the same fingerprint).
+    chain: Vec<(u64, u64)>,
+    /// Candidate gaps and how long the sequence has repeated at each.
+    gaps: Vec<(u64, u64)>,
+    /// Gaps below this were tried and failed.
+    floor: u64,
+    record: Option<Record>,
+    plan: Option<Plan>,
+    generations: u64,
+    /// A plan was dropped inside `on_alloc` with no planned block live: its range may go.
+    release_pending: bool,
+    stats: PlanStats,
+}
+
+impl std::fmt::Debug for Planner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Planner")
+            .field("seq", &self.seq)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+const NO_SEQ: u64 = u64::MAX;
+
+impl Planner {
+    /// A planner with `cfg` (sizes are clamped to sane ranges: `window` ≥ 2, `min_period` ≥ `window`).
+    pub fn new(cfg: PlanConfig) -> Self {
+        let mut cfg = cfg;
+        cfg.window = cfg.window.clamp(2, 64);
+        cfg.min_period = cfg.min_period.max(cfg.window as u64).max(2);
+        cfg.max_period = cfg.max_period.clamp(cfg.min_period, 1 << 20);
+        let ring = (cfg.max_period + cfg.window as u64 + 2).next_power_of_two();
+        Planner {
+            seq: 0,
+            hist: vec![0; ring as usize],
+            mask: ring - 1,
+            last_seen: HashMap::new(),
+            chain: vec![(NO_SEQ, NO_SEQ); ring as usize],
+            gaps: Vec::new(),
+            floor: cfg.min_period,
+            record: None,
+            plan: None,
+            generations: 0,
+            release_pending: false,
+            stats: PlanStats::default(),
+            cfg,
+        }
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> PlanStats {
+        let mut s = self.stats;
+        if let Some(p) = &self.plan {
+            s.period = p.period;
+            s.footprint = p.footprint;
+            s.lower_bound = p.lower_bound;
+            s.active = p.status == Status::Active;
+            s.planned_live = p.live_count;
+        }
+        s
+    }
+
+    #[inline]
+    fn size_at(&self, seq: u64) -> u64 {
+        self.hist[(seq & self.mask) as usize]
+    }
+
+    /// Fingerprint of the `window` sizes ending at `seq` (which must be in the history).
+    fn fingerprint(&self, seq: u64) -> u64 {
+        let w = self.cfg.window as u64;
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        for s in seq + 1 - w..=seq {
+            h = (h ^ self.size_at(s)).wrapping_mul(0x0000_0100_0000_01b3);
+            h ^= h >> 29;
+        }
+        h
+    }
+
+    /// One allocation of `size` bytes (already rounded as its owner rounds). Returns where to serve it.
+    pub fn on_alloc(&mut self, size: u64) -> Decision {
+        let n = self.seq;
+        self.seq += 1;
+        let slot = (n & self.mask) as usize;
+        self.hist[slot] = size;
+        let fp = (n + 1 >= self.cfg.window as u64).then(|| self.fingerprint(n));
+
+        let mut decision = Decision::Unplanned {
+            ticket: Ticket::NONE,
+        };
+        let mut serving = false;
+        if let Some(plan) = self.plan.as_mut() {
+            match plan.status {
+                Status::Active => {
+                    serving = true;
+                    decision = plan.serve(size, fp, &mut self.stats);
+                    if plan.window_allocs >= 2 * plan.period {
+                        let drop = plan.window_misses * 2 > plan.window_allocs;
+                        plan.window_allocs = 0;
+                        plan.window_misses = 0;
+                        if drop {
+                            self.stats.deactivations += 1;
+                            self.release_pending |= self.deactivate();
+                        }
+                    }
+                }
+                Status::Ready => {
+                    serving = true;
+                    if !plan.follow(size, fp) {
+                        // The sequence changed before the plan could start: drop it.
+                        self.plan = None;
+                        self.stats.aborted_recordings += 1;
+                    }
+                }
+                Status::Draining => {}
+            }
+        }
+        if !serving {
+            decision = Decision::Unplanned {
+                ticket: self.observe(n, size, fp),
+            };
+        }
+        decision
+    }
+
+    /// Detection and recording for allocation `n`; returns the ticket to record its lifetime.
+    fn observe(&mut self, n: u64, size: u64, fp: Option<u64>) -> Ticket {
+        let mut ticket = Ticket::NONE;
+        if let Some(rec) = self.record.as_mut() {
+            let idx = n - rec.start;
+            let repeats =
+                n >= rec.period && self.hist[((n - rec.period) & self.mask) as usize] == size;
+            if !repeats {
+                self.floor = self.floor.max(rec.period + 1);
+                self.record = None;
+                self.stats.aborted_recordings += 1;
+            } else if idx < rec.period {
+                rec.sizes.push(size);
+                rec.freed_at.push(NO_SEQ);
+                ticket = Ticket(RECORDED | n);
+            } else if idx + 1 == 2 * rec.period {
+                let rec = self.record.take().expect("recording");
+                self.finish_recording(rec);
+            }
+        }
+        if let Some(fp) = fp {
+            self.detect(n, size, fp);
+        }
+        ticket
+    }
+
+    fn detect(&mut self, n: u64, size: u64, fp: u64) {
+        // Extend or end the runs of the candidate gaps.
+        let (hist, mask) = (&self.hist, self.mask);
+        self.gaps.retain_mut(|(g, run)| match n.checked_sub(*g) {
+            Some(m) if hist[(m & mask) as usize] == size => {
+                *run += 1;
+                true
+            }
+            _ => false,
+        });
+        // New candidates: earlier positions with the same window, walking back along the chain.
+        let prev = self.last_seen.insert(fp, n).unwrap_or(NO_SEQ);
+        self.chain[(n & self.mask) as usize] = (n, prev);
+        let mut q = prev;
+        for _ in 0..16 {
+            if q == NO_SEQ || n - q > self.cfg.max_period {
+                break;
+            }
+            let g = n - q;
+            if g >= self.floor && self.gaps.len() < 32 && !self.gaps.iter().any(|&(x, _)| x == g) {
+                self.gaps.push((g, self.cfg.window as u64));
+            }
+            let (at, before) = self.chain[(q & self.mask) as usize];
+            if at != q {
+                break;
+            }
+            q = before;
+        }
+        if self.last_seen.len() > 4 * self.hist.len() {
+            self.last_seen.clear();
+        }
+        if self.record.is_some() || self.plan.is_some() {
+            return;
+        }
+        let confirmed = self
+            .gaps
+            .iter()
+            .filter(|&&(g, run)| run >= g.max(self.cfg.confirm))
+            .map(|&(g, _)| g)
+            .min();
+        if let Some(period) = confirmed {
+            self.record = Some(Record {
+                period,
+                start: n + 1,
+                sizes: Vec::with_capacity(period as usize),
+                freed_at: Vec::with_capacity(period as usize),
+            });
+        }
+    }
+
+    fn finish_recording(&mut self, rec: Record) {
+        let p = rec.period;
+        let mut blocks = Vec::new();
+        let mut positions = Vec::new();
+        for (i, (&size, &freed)) in rec.sizes.iter().zip(&rec.freed_at).enumerate() {
+            let (start, end) = (i as u64, freed.wrapping_sub(rec.start));
+            if freed != NO_SEQ && end > start && end <= start + p {
+                blocks.push(Interval { size, start, end });
+                positions.push(i);
+            }
+        }
+        if blocks.is_empty() {
+            self.floor = self.floor.max(p + 1);
+            self.stats.aborted_recordings += 1;
+            return;
+        }
+        let (offs, footprint) = solve::pack(&blocks, p);
+        let lower_bound = solve::peak_live(&blocks, p);
+        let mut offsets = vec![UNPLANNED; p as usize];
+        for (k, &i) in positions.iter().enumerate() {
+            offsets[i] = offs[k];
+        }
+        // Conflicts: planned positions whose address ranges overlap (their lifetimes never do).
+        let mut by_off: Vec<usize> = positions.clone();
+        by_off.sort_unstable_by_key(|&i| offsets[i]);
+        let mut lists: Vec<Vec<u32>> = vec![Vec::new(); p as usize];
+        for (k, &i) in by_off.iter().enumerate() {
+            let end = offsets[i] + rec.sizes[i];
+            for &j in &by_off[k + 1..] {
+                if offsets[j] >= end {
+                    break;
+                }
+                lists[i].push(j as u32);
+                lists[j].push(i as u32);
+            }
+        }
+        let mut conflict_start = Vec::with_capacity(p as usize + 1);
+        let mut conflicts = Vec::new();
+        for l in &lists {
+            conflict_start.push(conflicts.len() as u32);
+            conflicts.extend_from_slice(l);
+        }
+        conflict_start.push(conflicts.len() as u32);
+        // Activate where the fewest planned bytes are alive.
+        let live = solve::live_by_position(&blocks, p);
+        let phase = (0..p).min_by_key(|&x| live[x as usize]).unwrap_or(0);
+        let mut by_fingerprint = HashMap::new();
+        let mut dup = std::collections::HashSet::new();
+        let w = self.cfg.window as u64;
+        for x in 0..p {
+            let mut h = 0xcbf2_9ce4_8422_2325u64;
+            for k in (0..w).rev() {
+                let pos = (x + p * w - k) % p;
+                h = (h ^ rec.sizes[pos as usize]).wrapping_mul(0x0000_0100_0000_01b3);
+                h ^= h >> 29;
+            }
+            if by_fingerprint.insert(h, x).is_some() {
+                dup.insert(h);
+            }
+        }
+        for h in dup {
+            by_fingerprint.remove(&h);
+        }
+        self.generations += 1;
+        self.plan = Some(Plan {
+            generation: self.generations & 0xffff,
+            period: p,
+            sizes: rec.sizes,
+            offsets,
+            conflict_start,
+            conflicts,
+            live: vec![false; p as usize],
+            live_count: 0,
+            // The recording ended at the last position of its second period: the next allocation is at
+            // position 0.
+            cursor: 0,
+            phase,
+            by_fingerprint,
+            footprint,
+            lower_bound,
+            status: Status::Ready,
+            window_allocs: 0,
+            window_misses: 0,
+        });
+    }
+
+    /// The footprint to map when a ready plan has reached its activation point (the next allocation is
+    /// at the plan's phase); then call [`activate`](Self::activate) or [`reject`](Self::reject).
+    pub fn wants_activation(&self) -> Option<u64> {
+        self.plan
+            .as_ref()
+            .filter(|p| p.status == Status::Ready && p.cursor == p.phase)
+            .map(|p| p.footprint)
+    }
+
+    /// The owner mapped the footprint: serve from the plan from the next allocation on.
+    pub fn activate(&mut self) {
+        if let Some(p) = self.plan.as_mut().filter(|p| p.status == Status::Ready) {
+            p.status = Status::Active;
+            self.stats.activations += 1;
+        }
+    }
+
+    /// The owner could not map the footprint: drop the plan (detection starts again later).
+    pub fn reject(&mut self) {
+        if self
+            .plan
+            .as_ref()
+            .is_some_and(|p| p.status == Status::Ready)
+        {
+            self.plan = None;
+            self.floor = self.cfg.min_period;
+        }
+    }
+
+    /// Stop serving from the plan (e.g. memory pressure, a second stream). Returns true when the owner
+    /// may release the plan's range now (no planned block is live); otherwise the last
+    /// [`on_free`](Self::on_free) of a planned block says so.
+    pub fn deactivate(&mut self) -> bool {
+        self.floor = self.cfg.min_period;
+        self.gaps.clear();
+        match self.plan.as_mut() {
+            Some(p) if p.live_count > 0 => {
+                p.status = Status::Draining;
+                false
+            }
+            Some(_) => {
+                self.plan = None;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// True (once) when a plan was dropped during [`on_alloc`](Self::on_alloc) with no planned block
+    /// live: the owner releases the plan's range.
+    pub fn take_release(&mut self) -> bool {
+        std::mem::take(&mut self.release_pending)
+    }
+
+    /// Whether a plan's range is in use (ready, active or draining).
+    pub fn holds_range(&self) -> bool {
+        self.plan
+            .as_ref()
+            .is_some_and(|p| p.status != Status::Ready)
+    }
+
+    /// A block with `ticket` was freed. Returns true when the owner should release the plan's range now
+    /// (the plan was dropped and this was its last live block).
+    pub fn on_free(&mut self, ticket: Ticket) -> bool {
+        if ticket.0 & PLANNED != 0 {
+            let pos = (ticket.0 & 0xffff_ffff) as usize;
+            let generation = (ticket.0 >> 32) & 0xffff;
+            if let Some(p) = self.plan.as_mut() {
+                if p.generation == generation && p.live.get(pos) == Some(&true) {
+                    p.live[pos] = false;
+                    p.live_count -= 1;
+                    if p.status == Status::Draining && p.live_count == 0 {
+                        self.plan = None;
+                        return true;
+                    }
+                }
+            }
+        } else if ticket.0 & RECORDED != 0 {
+            let seq = ticket.0 & !RECORDED;
+            if let Some(rec) = self.record.as_mut() {
+                if let Some(i) = seq.checked_sub(rec.start) {
+                    if let Some(f) = rec.freed_at.get_mut(i as usize) {
+                        *f = self.seq;
+                    }
+                }
+            }
+        }
+        false
+    }
+}
+
+impl Plan {
+    /// Advance the cursor for an allocation of `size` (a ready plan): false when the sequence no longer
+    /// matches and cannot be resynchronised.
+    fn follow(&mut self, size: u64, fp: Option<u64>) -> bool {
+        match self.locate(size, fp) {
+            Some(pos) => {
+                self.cursor = (pos + 1) % self.period;
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn locate(&self, size: u64, fp: Option<u64>) -> Option<u64> {
+        if self.sizes[self.cursor as usize] == size {
+            return Some(self.cursor);
+        }
+        fp.and_then(|h| self.by_fingerprint.get(&h).copied())
+            .filter(|&pos| self.sizes[pos as usize] == size)
+    }
+
+    fn serve(&mut self, size: u64, fp: Option<u64>, stats: &mut PlanStats) -> Decision {
+        self.window_allocs += 1;
+        let Some(pos) = self.locate(size, fp) else {
+            self.window_misses += 1;
+            stats.misses += 1;
+            return Decision::Unplanned {
+                ticket: Ticket::NONE,
+            };
+        };
+        self.cursor = (pos + 1) % self.period;
+        let i = pos as usize;
+        let offset = self.offsets[i];
+        let range = self.conflict_start[i] as usize..self.conflict_start[i + 1] as usize;
+        if offset == UNPLANNED
+            || self.live[i]
+            || self.conflicts[range].iter().any(|&j| self.live[j as usize])
+        {
+            stats.blocked += 1;
+            return Decision::Unplanned {
+                ticket: Ticket::NONE,
+            };
+        }
+        self.live[i] = true;
+        self.live_count += 1;
+        stats.hits += 1;
+        Decision::Planned {
+            offset,
+            ticket: Ticket(PLANNED | (self.generation << 32) | pos),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
