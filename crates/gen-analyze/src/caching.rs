@@ -35,6 +35,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use gen_trace::{ReplayAllocator, ReplayError};
 
+use crate::waste::{Waste, WasteCause, WasteProbe};
+
 /// Rounding of every request and the smallest block (`kMinBlockSize`).
 pub const ROUND: u64 = 512;
 /// Largest request of the small pool (`kSmallSize`, 1 MiB).
@@ -126,6 +128,8 @@ pub enum CachingMode {
 #[derive(Clone, Copy, Debug)]
 struct Block {
     size: u64,
+    /// Bytes asked for, while allocated (0 when free).
+    req: u64,
     allocated: bool,
     segment: u32,
     small: bool,
@@ -195,6 +199,7 @@ impl CachingSim {
             addr,
             Block {
                 allocated: false,
+                req: 0,
                 ..b
             },
         );
@@ -219,6 +224,7 @@ impl CachingSim {
         self.peak = self.peak.max(self.reserved);
         let b = Block {
             size: seg,
+            req: 0,
             allocated: false,
             segment: self.segments,
             small,
@@ -263,6 +269,7 @@ impl CachingSim {
         self.segs[ix as usize].mapped = mapped;
         let b = Block {
             size: seg.base + mapped - start,
+            req: 0,
             allocated: false,
             segment: ix,
             small,
@@ -320,6 +327,7 @@ impl ReplayAllocator for CachingSim {
                 message: format!("torch sim: size {size} outside 1..=2^40"),
             });
         }
+        let req = size;
         let size = self.knobs.round_size(size);
         let small = size <= SMALL_SIZE;
         let max_split = self.knobs.max_split();
@@ -360,6 +368,7 @@ impl ReplayAllocator for CachingSim {
             addr,
             Block {
                 size: used,
+                req,
                 allocated: true,
                 ..block
             },
@@ -400,6 +409,53 @@ impl ReplayAllocator for CachingSim {
 
     fn peak_reserved(&self) -> u64 {
         self.peak
+    }
+}
+
+impl WasteProbe for CachingSim {
+    /// Allocated blocks: what they hold beyond the request is [`WasteCause::Rounding`] (up to the
+    /// rounded request size, and any remainder not split off), or [`WasteCause::Oversize`] past the
+    /// rounded size for a block of `max_split_size_mb` or more. Free blocks: native — a whole free
+    /// segment is [`WasteCause::IdleSegments`], any other free block
+    /// [`WasteCause::SplitFragments`]; expandable — the free block at a segment's mapped end is
+    /// [`WasteCause::MappedTail`], any other [`WasteCause::FreeHoles`].
+    fn waste(&self, _live: u64) -> Waste {
+        let max_split = self.knobs.max_split();
+        let mut parts = Vec::with_capacity(self.blocks.len());
+        let mut prev: Option<(u64, &Block)> = None;
+        let mut it = self.blocks.iter().peekable();
+        while let Some((&addr, b)) = it.next() {
+            if b.allocated {
+                let rounded = self.knobs.round_size(b.req).min(b.size);
+                parts.push((WasteCause::Rounding, rounded - b.req));
+                let rest = if self.mode == CachingMode::Native && b.size >= max_split {
+                    WasteCause::Oversize
+                } else {
+                    WasteCause::Rounding
+                };
+                parts.push((rest, b.size - rounded));
+            } else if self.mode == CachingMode::Expandable {
+                let cause = if self.is_expandable_tail(addr, b) {
+                    WasteCause::MappedTail
+                } else {
+                    WasteCause::FreeHoles
+                };
+                parts.push((cause, b.size));
+            } else {
+                // Blocks of one segment are contiguous, so a block alone in its segment has no
+                // neighbour in address order with the same segment.
+                let shares = |n: Option<&Block>| n.is_some_and(|n| n.segment == b.segment);
+                let alone = !shares(prev.map(|(_, p)| p)) && !shares(it.peek().map(|(_, n)| *n));
+                let cause = if alone {
+                    WasteCause::IdleSegments
+                } else {
+                    WasteCause::SplitFragments
+                };
+                parts.push((cause, b.size));
+            }
+            prev = Some((addr, b));
+        }
+        Waste::from_parts(parts)
     }
 }
 

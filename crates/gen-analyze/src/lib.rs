@@ -19,6 +19,7 @@ mod recommend;
 mod report;
 pub mod rmm;
 pub mod timeline;
+pub mod waste;
 
 use gen_trace::{replay_plan, ReplayAllocator, ReplayError, ReplayOptions, ReplayPlan, Trace};
 
@@ -28,6 +29,7 @@ pub use recommend::{recommend, Recommendation};
 pub use report::{write_report, write_table};
 pub use rmm::{fits, min_fixed_size, RmmPoolSim};
 pub use timeline::{record_timeline, Timeline};
+pub use waste::{waste_at_peak, PeakMoment, Waste, WasteCause, WasteProbe, WasteSnapshot};
 
 /// An allocator policy the analysis can run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -281,6 +283,13 @@ pub struct StrategyResult {
     pub ratio: Option<f64>,
     /// The ratio measured on the GPU for this strategy and trace, when known.
     pub measured: Option<f64>,
+    /// The moment of peak reservation at which the waste was taken apart (see [`waste`]).
+    pub at_peak: PeakMoment,
+    /// What the reservation held besides live data at that moment, by cause (bytes; adds up to
+    /// `at_peak.reserved − at_peak.live`).
+    pub waste: Waste,
+    /// The cause with the most bytes in [`StrategyResult::waste`].
+    pub dominant_waste: Option<WasteCause>,
 }
 
 impl StrategyResult {
@@ -359,6 +368,26 @@ pub fn peak_reserved(trace: &Trace, plan: &ReplayPlan, s: Strategy) -> Result<u6
     }
 }
 
+/// Strategy `s`'s state at its moment of peak reservation on `trace` (see [`waste`]); `peak` is its
+/// peak reservation as [`peak_reserved`] found it (the size of RMM's fixed pool).
+pub fn waste_of(trace: &Trace, s: Strategy, peak: u64) -> Result<WasteSnapshot, AnalyzeError> {
+    match s {
+        Strategy::Native => waste_at_peak(trace, &mut || Ok(CachingSim::new(CachingMode::Native))),
+        Strategy::Expandable => {
+            waste_at_peak(trace, &mut || Ok(CachingSim::new(CachingMode::Expandable)))
+        }
+        Strategy::NativeTuned(k) => waste_at_peak(trace, &mut || {
+            Ok(CachingSim::with_knobs(CachingMode::Native, k))
+        }),
+        Strategy::RmmPool => waste_at_peak(trace, &mut || {
+            Ok(RmmPoolSim::new(
+                peak.div_ceil(rmm::BUDGET_ROUND) * rmm::BUDGET_ROUND,
+            ))
+        }),
+        Strategy::Genpool => waste_at_peak(trace, &mut engine),
+    }
+}
+
 /// Runs `strategies` on `trace`. A trace without allocations is an error ([`AnalyzeError::EmptyTrace`]).
 pub fn analyze(trace: &Trace, strategies: &[Strategy]) -> Result<Analysis, AnalyzeError> {
     if trace.summary.allocs == 0 {
@@ -375,11 +404,15 @@ pub fn analyze(trace: &Trace, strategies: &[Strategy]) -> Result<Analysis, Analy
     let mut results = Vec::with_capacity(strategies.len());
     for &s in strategies {
         let peak = peak_reserved(trace, &plan, s)?;
+        let snap = waste_of(trace, s, peak)?;
         results.push(StrategyResult {
             strategy: s,
             peak_reserved: peak,
             ratio: (peak_live > 0).then(|| peak as f64 / peak_live as f64),
             measured: s.anchor_mode().and_then(|m| anchor(&trace.name, m)),
+            at_peak: snap.moment,
+            dominant_waste: snap.waste.dominant(),
+            waste: snap.waste,
         });
     }
     let recommendation = recommend::recommend_from(peak_live, &results);

@@ -197,6 +197,9 @@ mod tests {
             peak_reserved,
             ratio: Some(peak_reserved as f64 / (100 * G) as f64),
             measured: None,
+            at_peak: Default::default(),
+            waste: Default::default(),
+            dominant_waste: None,
         }
     }
 

@@ -11,6 +11,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use gen_trace::{EventKind, ReplayAllocator, ReplayError, Trace};
 
+use crate::waste::{Waste, WasteCause, WasteProbe};
+
 /// Alignment of every RMM allocation (`CUDA_ALLOCATION_ALIGNMENT`).
 pub const RMM_ALIGN: u64 = 256;
 /// The anchor script rounds every pool size it tries up to this (2 MiB).
@@ -26,8 +28,8 @@ pub struct RmmPoolSim {
     free: BTreeMap<u64, u64>,
     /// Free blocks by (size, address).
     by_size: BTreeSet<(u64, u64)>,
-    /// Live blocks by address → aligned size.
-    live: BTreeMap<u64, u64>,
+    /// Live blocks by address → (aligned size, size asked for).
+    live: BTreeMap<u64, (u64, u64)>,
 }
 
 impl RmmPoolSim {
@@ -83,12 +85,12 @@ impl ReplayAllocator for RmmPoolSim {
         if bsize > need {
             self.insert_free(addr + need, bsize - need);
         }
-        self.live.insert(addr, need);
+        self.live.insert(addr, (need, size));
         Ok(addr)
     }
 
     fn free(&mut self, ptr: u64, _size: u64, _stream: u64) -> Result<(), ReplayError> {
-        let Some(mut size) = self.live.remove(&ptr) else {
+        let Some((mut size, _)) = self.live.remove(&ptr) else {
             return Err(ReplayError::InvalidFree { ptr });
         };
         let mut start = ptr;
@@ -113,6 +115,24 @@ impl ReplayAllocator for RmmPoolSim {
 
     fn peak_reserved(&self) -> u64 {
         self.size
+    }
+}
+
+impl WasteProbe for RmmPoolSim {
+    /// Live blocks: alignment to [`RMM_ALIGN`] is [`WasteCause::Rounding`]. Free blocks: the one
+    /// that ends the pool is [`WasteCause::PoolTail`] (the pool is larger than the trace needed
+    /// there), any other [`WasteCause::FreeHoles`].
+    fn waste(&self, _live: u64) -> Waste {
+        let end = BASE + self.size;
+        let rounding = self.live.values().map(|&(a, r)| a - r).sum::<u64>();
+        let holes = self.free.iter().map(|(&a, &s)| {
+            if a + s == end {
+                (WasteCause::PoolTail, s)
+            } else {
+                (WasteCause::FreeHoles, s)
+            }
+        });
+        Waste::from_parts(std::iter::once((WasteCause::Rounding, rounding)).chain(holes))
     }
 }
 
