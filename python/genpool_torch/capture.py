@@ -26,7 +26,10 @@ minute on an H200):
     (D2H) stream and are read one step later.
 ``bert_serve_4streams``
     BERT-base inference served by 4 threads, each on its own stream, batch 1-32 x 16-512 tokens per
-    request (random), results copied back to the host.
+    request (random), results copied back to the host; a step is a round of 4 requests per stream.
+
+Steps run without a host sync between them (the programs' own syncs aside), so frees delayed by
+``record_stream`` complete when they would in the real program.
 
 ``--snapshot-pickle PATH`` runs a tiny program (a few small tensors on two streams, cross-stream use
 with ``record_stream`` and events) and writes ``torch.cuda.memory._dump_snapshot(PATH)`` plus
@@ -329,7 +332,7 @@ class Workload:
     finish: Callable[[], None] = lambda: None
 
 
-def _gpt2_prefetch(torch, steps: int) -> Workload:
+def _gpt2_prefetch(torch) -> Workload:
     import transformers as tf
 
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -366,11 +369,13 @@ def _gpt2_prefetch(torch, steps: int) -> Workload:
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if i % 4 == 3:  # log the loss now and then (the host waits for the step)
+            float(loss)
 
     return Workload(step, {"compute": compute.cuda_stream, "prefetch": side.cuda_stream})
 
 
-def _resnet_copy_overlap(torch, steps: int) -> Workload:
+def _resnet_copy_overlap(torch) -> Workload:
     import torchvision
 
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -437,7 +442,7 @@ def _resnet_copy_overlap(torch, steps: int) -> Workload:
                            "d2h": d2h.cuda_stream}, finish)
 
 
-def _bert_serve_4streams(torch, steps: int) -> Workload:
+def _bert_serve_4streams(torch) -> Workload:
     import transformers as tf
 
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -480,7 +485,7 @@ def _bert_serve_4streams(torch, steps: int) -> Workload:
 
 
 #: name -> (builder, default steps, one-line description)
-WORKLOADS: Dict[str, Tuple[Callable[[Any, int], Workload], int, str]] = {
+WORKLOADS: Dict[str, Tuple[Callable[[Any], Workload], int, str]] = {
     "gpt2_prefetch": (_gpt2_prefetch, 12, "GPT-2 small training, next batch copied/built on a side stream"),
     "resnet_copy_overlap": (_resnet_copy_overlap, 12,
                             "ResNet-50 training, H2D copy stream for the next batch, D2H metrics stream"),
@@ -504,7 +509,7 @@ def run_child(outdir: Path, name: str, steps: Optional[int], max_entries: int) -
     torch.manual_seed(0)
     _record(torch, max_entries)
     t_start = time.perf_counter()
-    wl = build(torch, n)
+    wl = build(torch)
     torch.cuda.synchronize()
     t_steps = time.perf_counter()
     for i in range(n):
