@@ -413,9 +413,10 @@ impl ReplayAllocator for CachingSim {
 }
 
 impl WasteProbe for CachingSim {
-    /// Allocated blocks: what they hold beyond the request is [`WasteCause::Rounding`] (up to the
-    /// rounded request size, and any remainder not split off), or [`WasteCause::Oversize`] past the
-    /// rounded size for a block of `max_split_size_mb` or more. Free blocks: native — a whole free
+    /// Allocated blocks: what they hold beyond the request is [`WasteCause::Rounding`] (the rounded
+    /// request size, and any remainder not split off), except in a block of `max_split_size_mb` or
+    /// more, where what exceeds a fresh segment for the request (rounded up to 2 MiB) is
+    /// [`WasteCause::Oversize`]. Free blocks: native — a whole free
     /// segment is [`WasteCause::IdleSegments`], any other free block
     /// [`WasteCause::SplitFragments`]; expandable — the free block at a segment's mapped end is
     /// [`WasteCause::MappedTail`], any other [`WasteCause::FreeHoles`].
@@ -427,13 +428,15 @@ impl WasteProbe for CachingSim {
         while let Some((&addr, b)) = it.next() {
             if b.allocated {
                 let rounded = self.knobs.round_size(b.req).min(b.size);
-                parts.push((WasteCause::Rounding, rounded - b.req));
-                let rest = if self.mode == CachingMode::Native && b.size >= max_split {
-                    WasteCause::Oversize
+                if self.mode == CachingMode::Native && b.size >= max_split {
+                    // What a fresh segment for this request would have held is rounding; the
+                    // rest is there because a larger cached block was lent whole.
+                    let fresh = round_up(rounded, ROUND_LARGE).min(b.size);
+                    parts.push((WasteCause::Rounding, fresh - b.req));
+                    parts.push((WasteCause::Oversize, b.size - fresh));
                 } else {
-                    WasteCause::Rounding
-                };
-                parts.push((rest, b.size - rounded));
+                    parts.push((WasteCause::Rounding, b.size - b.req));
+                }
             } else if self.mode == CachingMode::Expandable {
                 let cause = if self.is_expandable_tail(addr, b) {
                     WasteCause::MappedTail

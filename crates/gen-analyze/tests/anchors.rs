@@ -15,6 +15,13 @@ fn check(trace: &gen_trace::Trace) {
     )
     .unwrap();
     for r in &a.results {
+        assert_eq!(
+            r.waste.total(),
+            r.at_peak.reserved - r.at_peak.live,
+            "{} {}: waste causes add up",
+            a.trace,
+            r.strategy.name()
+        );
         let err = r.error().expect("every trace here has measured anchors");
         assert!(
             err.abs() <= TOLERANCE,
