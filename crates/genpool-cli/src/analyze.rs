@@ -2,7 +2,9 @@
 //! policy would reserve on each trace — PyTorch's caching allocator (native, expandable segments, and
 //! native with `max_split_size_mb` / `roundup_power2_divisions`) and RMM's pool, simulated on the
 //! host, and the genpool engine on the simulated device — with the ratios measured on the GPU beside
-//! them (see `gen_analyze`), and a recommendation with its reasons in numbers. With no TRACE it
+//! them (see `gen_analyze`), what each one's waste at its peak consists of (`waste: {cause: bytes}`
+//! and `dominant_waste` in `--json`; a column and one line per strategy in the table), and a
+//! recommendation with its reasons in numbers. With no TRACE it
 //! analyzes the embedded `resnet50_train` trace. A file that is not a trace (e.g. a pickle that is not
 //! a memory snapshot) or that has no allocations exits with code 2 before any work.
 
@@ -24,7 +26,8 @@ pub struct AnalyzeArgs {
     /// `native:max_split_size_mb=N,roundup_power2_divisions=M` (either or both).
     #[arg(long = "strategy", value_name = "NAME", value_parser = parse_strategy)]
     pub strategies: Vec<Strategy>,
-    /// Print one JSON object per trace per line instead of tables (with `recommendation`).
+    /// Print one JSON object per trace per line instead of tables (with `recommendation`, and per
+    /// strategy `at_peak`, `waste` and `dominant_waste`).
     #[arg(long)]
     pub json: bool,
 }
@@ -154,6 +157,20 @@ mod tests {
         assert_eq!(r[0]["measured"], 1.126);
         assert!((r[0]["ratio"].as_f64().unwrap() - 1.126).abs() <= 0.02);
         assert_eq!(r[1]["strategy"], "expandable");
+        for x in r {
+            let waste = x["waste"].as_object().unwrap();
+            let total: u64 = waste.values().map(|b| b.as_u64().unwrap()).sum();
+            let at = &x["at_peak"];
+            assert_eq!(
+                total,
+                at["reserved"].as_u64().unwrap() - at["live"].as_u64().unwrap(),
+                "{x}"
+            );
+            let dominant = x["dominant_waste"].as_str().unwrap();
+            assert!(waste
+                .values()
+                .all(|b| b.as_u64() <= waste[dominant].as_u64()));
+        }
     }
 
     fn fixture(name: &str) -> String {

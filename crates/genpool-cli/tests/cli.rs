@@ -278,3 +278,56 @@ fn default_replays_the_engine_on_the_embedded_trace() {
     assert_eq!(tiers.len(), 4);
     assert!(rows[0]["classifier"]["accuracy_count"].as_f64().unwrap() > 0.5);
 }
+
+/// `genpool analyze` names the dominant cause of waste at the peak, in the table and in `--json`:
+/// on an interleaved pattern (ten 2 MiB blocks, every other one freed, then 4 MiB blocks that fit
+/// none of the holes) PyTorch's native allocator wastes exactly the holes, as split fragments.
+#[test]
+fn analyze_names_the_dominant_waste() {
+    const MIB: u64 = 1 << 20;
+    let mut csv = String::from("t_us,action,addr,size,stream,site\n");
+    let mut t = 0;
+    let mut line = |action: &str, id: u64, size: u64| {
+        t += 1;
+        csv.push_str(&format!("{t},{action},{},{size},0,0\n", (id + 1) << 32));
+    };
+    for i in 0..10 {
+        line("a", i, 2 * MIB);
+    }
+    for i in (0..10).step_by(2) {
+        line("f", i, 2 * MIB);
+    }
+    for i in 10..15 {
+        line("a", i, 4 * MIB);
+    }
+    let p = tmp("interleaved.csv", &csv);
+    let ps = p.to_string_lossy().into_owned();
+    let args = [
+        "analyze",
+        &ps,
+        "--strategy",
+        "native",
+        "--strategy",
+        "expandable",
+    ];
+    let o = genpool(&[&args[..], &["--json"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v = &json_lines(&o)[0];
+    let native = &v["results"][0];
+    assert_eq!(native["strategy"], "native");
+    assert_eq!(native["dominant_waste"], "split_fragments", "{native}");
+    assert_eq!(native["waste"]["split_fragments"], 10 * MIB, "{native}");
+    assert_eq!(native["at_peak"]["live"], 30 * MIB, "{native}");
+    assert_eq!(native["at_peak"]["reserved"], 40 * MIB, "{native}");
+    let expandable = &v["results"][1];
+    assert_eq!(expandable["dominant_waste"], "free_holes", "{expandable}");
+    let o = genpool(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.contains("dominant waste at peak"), "{text}");
+    assert!(text.contains("split_fragments 100 %"), "{text}");
+    assert!(
+        text.contains("native       10.00 MiB of 40.00 MiB: split_fragments 10.00 MiB (100 %)"),
+        "{text}"
+    );
+}
