@@ -133,6 +133,38 @@ pub fn write_report(out: &mut dyn Write, analyses: &[Analysis]) -> io::Result<()
         writeln!(out)?;
     }
     writeln!(out)?;
+    writeln!(
+        out,
+        "Dominant cause of waste at each strategy's peak reservation (share of reserved − live then; \
+         `genpool analyze` lists every cause):\n"
+    )?;
+    write!(out, "| trace |")?;
+    for s in &strategies {
+        write!(out, " {} |", s.label())?;
+    }
+    writeln!(out)?;
+    write!(out, "|---|")?;
+    for _ in &strategies {
+        write!(out, "---|")?;
+    }
+    writeln!(out)?;
+    for a in analyses {
+        write!(out, "| {} |", a.trace)?;
+        for s in &strategies {
+            match a.result(*s).and_then(|r| Some((r, r.dominant_waste?))) {
+                Some((r, c)) => write!(
+                    out,
+                    " {} {:.0} % of {} |",
+                    c.name(),
+                    r.waste.share(c) * 100.0,
+                    human(r.waste.total())
+                )?,
+                None => write!(out, " - |")?,
+            }
+        }
+        writeln!(out)?;
+    }
+    writeln!(out)?;
     for a in analyses {
         writeln!(
             out,

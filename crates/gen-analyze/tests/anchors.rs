@@ -81,6 +81,12 @@ fn report_names_every_strategy_and_the_unsimulated_anchors() {
         "{text}"
     );
     assert!(
+        text.contains(
+            "| resnet50_train | idle_segments 53 % of 381.31 MiB | free_holes 99 % of 25.31 MiB |"
+        ),
+        "{text}"
+    );
+    assert!(
         text.contains("resnet50_train: expandable 1.010, async 1.051, rmm-arena 1.016"),
         "{text}"
     );
