@@ -269,6 +269,16 @@ fn cross_stream_reuse_waits_for_work_on_the_freeing_stream() {
         t.introduce(&pool);
         let x = pool.alloc(size, t.a, hint(life)).unwrap();
         assert_eq!(x.tier, tier, "'{conf}' {size} {life:?}");
+        // The slab: use up the rest of X's 2 MiB chunk on A, so B finds no idle slot of this class and
+        // must take slots freed on A (X) through the slab's cross-stream migration, or new memory.
+        let fill = if tier == Tier::Slab {
+            2 * MIB / size
+        } else {
+            0
+        };
+        let fillers: Vec<Block> = (0..fill)
+            .map(|_| pool.alloc(size, t.a, hint(life)).unwrap())
+            .collect();
         t.queue_slow_then_pattern(x);
         pool.free(x.ptr, t.a).unwrap();
         if t.a_done() {
@@ -311,6 +321,9 @@ fn cross_stream_reuse_waits_for_work_on_the_freeing_stream() {
             y.size
         );
         pool.free(y.ptr, t.b).unwrap();
+        for f in fillers {
+            pool.free(f.ptr, t.a).unwrap();
+        }
         t.dev.synchronize().unwrap();
         pool.trim();
         assert_eq!(pool.reserved_now(), 0, "{tier:?}: memory left after trim");
