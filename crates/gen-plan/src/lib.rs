@@ -120,8 +120,10 @@ pub struct PlanStats {
     pub hits: u64,
     /// Allocations that did not match the plan's next position (and could not resynchronise).
     pub misses: u64,
-    /// Matching allocations not planned (a block not in the plan, or its slot's neighbour still live).
+    /// Matching allocations whose slot (or an overlapping one) was still live: served elsewhere.
     pub blocked: u64,
+    /// Matching allocations at positions the plan does not cover (blocks that outlive a period).
+    pub outside: u64,
     /// Planned blocks live now.
     pub planned_live: u64,
     /// Plans activated so far.
@@ -161,6 +163,12 @@ struct Plan {
     status: Status,
     window_allocs: u64,
     window_misses: u64,
+    /// Allocations matched in a row at the cursor (a resynchronisation on a window counts as `window`).
+    streak: u64,
+    /// Allocations in a fingerprint window.
+    window: u64,
+    /// Matches in a row needed before planned slots are handed out again after a miss.
+    confidence: u64,
 }
 
 const UNPLANNED: u64 = u64::MAX;
@@ -468,6 +476,9 @@ impl Planner {
             status: Status::Ready,
             window_allocs: 0,
             window_misses: 0,
+            streak: w,
+            window: w,
+            confidence: 4 * w,
         });
     }
 
@@ -525,6 +536,16 @@ impl Planner {
         std::mem::take(&mut self.release_pending)
     }
 
+    /// The planned blocks live now, as `(offset, size)` (for an owner shutting down).
+    pub fn live_ranges(&self) -> Vec<(u64, u64)> {
+        self.plan.as_ref().map_or_else(Vec::new, |p| {
+            (0..p.period as usize)
+                .filter(|&i| p.live[i])
+                .map(|i| (p.offsets[i], p.sizes[i]))
+                .collect()
+        })
+    }
+
     /// Whether a plan's range is in use (ready, active or draining).
     pub fn holds_range(&self) -> bool {
         self.plan
@@ -567,7 +588,7 @@ impl Plan {
     /// matches and cannot be resynchronised.
     fn follow(&mut self, size: u64, fp: Option<u64>) -> bool {
         match self.locate(size, fp) {
-            Some(pos) => {
+            Some((pos, _)) => {
                 self.cursor = (pos + 1) % self.period;
                 true
             }
@@ -575,31 +596,53 @@ impl Plan {
         }
     }
 
-    fn locate(&self, size: u64, fp: Option<u64>) -> Option<u64> {
+    /// The position of an allocation of `size`: the cursor when the size matches, else the position whose
+    /// window of sizes matches the recent ones. The flag says whether it was a resynchronisation.
+    fn locate(&self, size: u64, fp: Option<u64>) -> Option<(u64, bool)> {
         if self.sizes[self.cursor as usize] == size {
-            return Some(self.cursor);
+            return Some((self.cursor, false));
         }
         fp.and_then(|h| self.by_fingerprint.get(&h).copied())
             .filter(|&pos| self.sizes[pos as usize] == size)
+            .map(|pos| (pos, true))
     }
 
     fn serve(&mut self, size: u64, fp: Option<u64>, stats: &mut PlanStats) -> Decision {
         self.window_allocs += 1;
-        let Some(pos) = self.locate(size, fp) else {
+        let Some((pos, resync)) = self.locate(size, fp) else {
             self.window_misses += 1;
+            self.streak = 0;
             stats.misses += 1;
             return Decision::Unplanned {
                 ticket: Ticket::NONE,
             };
         };
+        // A size that happens to match the cursor right after a miss proves little (a weight of the
+        // same shape as an activation): hand out planned slots only once the position is certain — a
+        // whole window matched — or a block with another lifetime could squat on a slot for long.
+        self.streak = if resync {
+            self.streak.max(self.window)
+        } else {
+            self.streak + 1
+        };
+        if self.streak < self.confidence {
+            self.cursor = (pos + 1) % self.period;
+            stats.blocked += 1;
+            return Decision::Unplanned {
+                ticket: Ticket::NONE,
+            };
+        }
         self.cursor = (pos + 1) % self.period;
         let i = pos as usize;
         let offset = self.offsets[i];
         let range = self.conflict_start[i] as usize..self.conflict_start[i + 1] as usize;
-        if offset == UNPLANNED
-            || self.live[i]
-            || self.conflicts[range].iter().any(|&j| self.live[j as usize])
-        {
+        if offset == UNPLANNED {
+            stats.outside += 1;
+            return Decision::Unplanned {
+                ticket: Ticket::NONE,
+            };
+        }
+        if self.live[i] || self.conflicts[range].iter().any(|&j| self.live[j as usize]) {
             stats.blocked += 1;
             return Decision::Unplanned {
                 ticket: Ticket::NONE,

@@ -57,6 +57,7 @@ fn main() {
             );
         }
         println!("  pages {:?}", s.pages);
+        println!("  plan {:?}", s.plan);
         for c in eng.pool().cache_stats() {
             println!(
                 "  cache hits {} misses {} puts {} cached {}",

@@ -69,6 +69,9 @@ pub const VALID_KEYS: &[&str] = &[
     "page_slack",
     "long_tier",
     "placement_candidates",
+    "extent_generations",
+    "plan",
+    "plan_max_period",
 ];
 
 /// Engine configuration. `Config::default()` is the tuned default; see docs/ARCHITECTURE.md.
@@ -109,6 +112,17 @@ pub struct Config {
     /// one needing the fewest newly mapped pages (0 or 1 = plain best fit, the default: on the shared
     /// traces comparing 8 or 32 moved as many pages and cost up to 0.02 in ratio — docs/BENCHMARKS.md).
     pub placement_candidates: usize,
+    /// Give each predicted generation (short / mid / long) its own extent arena — its own range of
+    /// address space over the shared page pool — instead of one arena for all.
+    pub extent_generations: bool,
+    /// Periodic plans (gen-plan): detect a repeating allocation sequence (a training iteration), pack one
+    /// period offline and serve it from one mapped range — no search, no page moves in steady state.
+    /// Allocations that do not match the plan go to the tiers as usual. Single-stream only. Off by
+    /// default: measured in docs/BENCHMARKS.md ("Periodic plans"), the packing is optimal but pages
+    /// still flow between the plan's range and the arena.
+    pub plan: bool,
+    /// Longest period (in large-block allocations) the planner looks for.
+    pub plan_max_period: u64,
 }
 
 impl Default for Config {
@@ -127,6 +141,9 @@ impl Default for Config {
             mid_horizon: 0,
             page_slack: 0.0,
             placement_candidates: 1,
+            extent_generations: false,
+            plan: false,
+            plan_max_period: 8192,
         }
     }
 }
@@ -246,6 +263,17 @@ impl Config {
                 }
                 self.placement_candidates = v;
             }
+            "plan" => self.plan = parse_bool(value).map_err(bad)?,
+            "plan_max_period" => {
+                let v: u64 = value
+                    .parse()
+                    .map_err(|_| bad("expected an integer".into()))?;
+                if !(16..=(1 << 20)).contains(&v) {
+                    return Err(bad("must be between 16 and 1048576".into()));
+                }
+                self.plan_max_period = v;
+            }
+            "extent_generations" => self.extent_generations = parse_bool(value).map_err(bad)?,
             "page_slack" => {
                 let v: f64 = value
                     .parse()

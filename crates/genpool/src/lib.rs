@@ -33,4 +33,4 @@ pub use error::{FreeFault, GenpoolError, OomReport, Result, TierUsage};
 pub use gen_classifier::Lifetime;
 pub use gen_device::{Device, DeviceError, StreamId};
 pub use pool::{Block, Hint, Pool, Tier, ALIGN};
-pub use stats::{PoolStats, TierStats};
+pub use stats::{PlanSummary, PoolStats, TierStats};

@@ -17,6 +17,8 @@ pub(crate) struct Meta {
     pub tier: Tier,
     /// The classifier's stamp (prediction and clocks at allocation).
     pub stamp: Stamp,
+    /// The planner's ticket: a block served from the plan's range, or one whose lifetime it records.
+    pub ticket: gen_plan::Ticket,
 }
 
 /// Device addresses are 512-byte aligned: multiply-shift them into a well-mixed 64-bit hash.

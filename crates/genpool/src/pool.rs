@@ -7,14 +7,15 @@ use gen_buddy::{Buddy, BuddyConfig, BuddyError};
 use gen_classifier::{Classifier, ClassifierConfig, Features, Lifetime};
 use gen_device::{Device, StreamId};
 use gen_extent::{ExtentArena, ExtentConfig, ExtentError};
+use gen_plan::{Decision, PlanConfig, Planner, Ticket};
 use gen_slab::{Slab, SlabConfig, SlabError};
 use gen_stream::{StreamCache, StreamCacheConfig, StreamPool, StreamPoolConfig};
-use gen_vmm::{PagePool, PagePoolConfig, VmmError};
+use gen_vmm::{PagePool, PagePoolConfig, PageTally, Region, VmmError};
 
 use crate::config::{Config, LongTier, MidTier, Routing};
 use crate::error::{FreeFault, GenpoolError, OomReport, Result, TierUsage};
 use crate::meta::{Meta, MetaTable, Removed};
-use crate::stats::{PoolStats, TierStats};
+use crate::stats::{PlanSummary, PoolStats, TierStats};
 
 /// Every block is aligned to (and sized in multiples of) this many bytes, as PyTorch's allocator does.
 pub const ALIGN: u64 = 512;
@@ -90,8 +91,12 @@ pub struct Pool {
     pages: Arc<PagePool>,
     classifier: Classifier,
     slab: Slab,
-    extent: ExtentArena,
+    /// The extent arenas: one, or one per predicted generation (short, mid, long) with
+    /// `extent_generations`. Their address ranges are disjoint; a block is freed to the one owning it.
+    extents: Vec<ExtentArena>,
     buddy: Buddy,
+    /// Periodic plans for large blocks (see `Config::plan`): the planner and the range it serves from.
+    plan: Option<PlanTier>,
     stream: Option<StreamPool>,
     extent_cache: StreamCache,
     buddy_cache: StreamCache,
@@ -115,6 +120,30 @@ pub struct Pool {
 }
 
 const NO_STREAM: u64 = u64::MAX;
+
+/// The planner and its address range. Planned blocks commit their pages like the extent arena's (a page
+/// referenced by a live block is mapped; a free one stays mapped for the next period, or goes to whoever
+/// needs it), so a plan never holds memory its blocks do not use.
+struct PlanTier {
+    inner: parking_lot::Mutex<PlanInner>,
+    region: Region,
+}
+
+struct PlanInner {
+    planner: Planner,
+    tally: PageTally,
+    peak_pages: u64,
+}
+
+impl Drop for PlanTier {
+    fn drop(&mut self) {
+        // The engine is going away: drop the page references of planned blocks still live so the region
+        // unmaps cleanly.
+        for (off, len) in self.inner.get_mut().planner.live_ranges() {
+            self.region.decommit(off, len);
+        }
+    }
+}
 
 impl std::fmt::Debug for Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -203,16 +232,43 @@ impl Pool {
         // always finds a free extent (with 2× a random-size workload failed a 0.4 GiB request on a 0.5 GiB
         // device with 0.45 GiB free — found by tests/prop.rs).
         let extent_va = (props.total_mem.saturating_mul(8)).div_ceil(page).max(1) * page;
-        let extent = ExtentArena::new(
-            &pages,
-            ExtentConfig {
-                va_bytes: extent_va,
-                placement_candidates: cfg.placement_candidates,
-                ..ExtentConfig::default()
-            },
-        )
-        .map_err(tier_err)?;
+        let names: &[&'static str] = if cfg.extent_generations {
+            &["gen-extent/short", "gen-extent/mid", "gen-extent/long"]
+        } else {
+            &["gen-extent"]
+        };
+        let extents = names
+            .iter()
+            .map(|&name| {
+                ExtentArena::new(
+                    &pages,
+                    ExtentConfig {
+                        va_bytes: extent_va,
+                        placement_candidates: cfg.placement_candidates,
+                        name,
+                    },
+                )
+                .map_err(tier_err)
+            })
+            .collect::<Result<Vec<_>>>()?;
         let buddy = Buddy::new(&pages, BuddyConfig::default()).map_err(tier_err)?;
+        let plan = if cfg.plan {
+            // A plan can never map more than the device holds.
+            let va = props.total_mem.div_ceil(page).max(1) * page;
+            Some(PlanTier {
+                inner: parking_lot::Mutex::new(PlanInner {
+                    planner: Planner::new(PlanConfig {
+                        max_period: cfg.plan_max_period,
+                        ..PlanConfig::default()
+                    }),
+                    tally: PageTally::new(page),
+                    peak_pages: 0,
+                }),
+                region: Region::new(&pages, va, "gen-plan").map_err(tier_err)?,
+            })
+        } else {
+            None
+        };
         let stream = if props.supports_pools && cfg.mid_tier == MidTier::Stream {
             Some(
                 StreamPool::new(
@@ -243,8 +299,9 @@ impl Pool {
             pages,
             classifier,
             slab,
-            extent,
+            extents,
             buddy,
+            plan,
             stream,
             meta: MetaTable::new(),
             tiers: Default::default(),
@@ -301,6 +358,8 @@ impl Pool {
             if let Err(e) = self.device.synchronize() {
                 log::error!("genpool: synchronize on a second stream's first use: {e}");
             }
+            // Plans serve one stream: stop handing out planned slots (the range goes once drained).
+            self.drop_plan();
         }
     }
 
@@ -363,17 +422,46 @@ impl Pool {
             hint: hint.lifetime,
         };
         let stamp = self.classifier.on_alloc(&features);
-        let tier = self.route(size, stamp.predicted());
-        let (ptr, tier) = match self.alloc_in(tier, size, stream) {
-            Ok(pt) => pt,
-            Err(e) => {
-                // The classifier advanced its clocks for an allocation that never happened: score it
-                // as an immediate free so its books stay balanced.
-                self.classifier.on_free(&stamp, size);
-                return Err(e);
+        let class = stamp.predicted();
+        let tier = self.route(size, class);
+        let (mut planned, mut ticket) = (None, Ticket::NONE);
+        // The planner sees every large allocation (by size, not by prediction, so the sequence it learns
+        // does not change as the classifier learns); a planned slot overrides the route: the plan knows
+        // the block's lifetime from the last period.
+        if size > self.slab.max_size() && !self.multi_stream.load(Ordering::Acquire) {
+            if let Some(pt) = &self.plan {
+                match self.plan_alloc(pt, size, class == Lifetime::Long) {
+                    Decision::Planned { offset, ticket: t } => {
+                        planned = Some(pt.region.base() + offset);
+                        ticket = t;
+                    }
+                    Decision::Unplanned { ticket: t } => ticket = t,
+                }
             }
+        }
+        let (ptr, tier) = match planned {
+            Some(p) => (p, Tier::Extent),
+            None => match self.alloc_in(tier, class, size, stream) {
+                Ok(pt) => pt,
+                Err(e) => {
+                    // The classifier advanced its clocks for an allocation that never happened: score
+                    // it as an immediate free so its books stay balanced (and the planner, if it was
+                    // recording this one, sees it die at once).
+                    self.classifier.on_free(&stamp, size);
+                    self.plan_free(ticket, None);
+                    return Err(e);
+                }
+            },
         };
-        self.meta.insert(ptr, Meta { size, tier, stamp });
+        self.meta.insert(
+            ptr,
+            Meta {
+                size,
+                tier,
+                stamp,
+                ticket,
+            },
+        );
         let t = &self.tiers[tier as usize];
         t.allocs.fetch_add(1, Relaxed);
         let tl = t.live.fetch_add(size, Relaxed) + size;
@@ -384,7 +472,13 @@ impl Pool {
         Ok(Block { ptr, size, tier })
     }
 
-    fn alloc_in(&self, tier: Tier, size: u64, stream: StreamId) -> Result<(u64, Tier)> {
+    fn alloc_in(
+        &self,
+        tier: Tier,
+        class: Lifetime,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<(u64, Tier)> {
         // Hot path: a cached block of exactly this size, safe on this stream.
         let cached = match tier {
             _ if !self.caching_now() => None,
@@ -401,7 +495,7 @@ impl Pool {
         let caches_hold_pages = self.caching_now()
             && self.extent_cache.cached_bytes() + self.buddy_cache.cached_bytes() > 0;
         let grow_first = self.cfg.page_slack > 0.0 && !caches_hold_pages;
-        match self.attempt(tier, size, stream, grow_first) {
+        match self.attempt(tier, class, size, stream, grow_first) {
             Attempt::Ok(p, t) => return Ok((p, t)),
             Attempt::Err(e) => return Err(e),
             Attempt::WouldGrow | Attempt::Oom => {}
@@ -419,7 +513,7 @@ impl Pool {
                 // What is cached cannot be made safe now (its streams are busy): grow instead.
                 break;
             }
-            match self.attempt(tier, size, stream, false) {
+            match self.attempt(tier, class, size, stream, false) {
                 Attempt::Ok(p, t) => return Ok((p, t)),
                 Attempt::Err(e) => return Err(e),
                 Attempt::WouldGrow | Attempt::Oom => want = want.saturating_mul(2),
@@ -430,17 +524,19 @@ impl Pool {
             log::error!("genpool: slab reclaim: {e}");
         }
         for grow in [false, true] {
-            match self.attempt(tier, size, stream, grow) {
+            match self.attempt(tier, class, size, stream, grow) {
                 Attempt::Ok(p, t) => return Ok((p, t)),
                 Attempt::Err(e) => return Err(e),
                 Attempt::WouldGrow => continue,
                 Attempt::Oom => break,
             }
         }
-        // 4. Release everything releasable and retry once; then out of memory.
+        // 4. Release everything releasable (a plan's range too, once its blocks are gone) and retry once;
+        //    then out of memory.
         self.retries.fetch_add(1, Relaxed);
+        self.drop_plan();
         self.relieve(true);
-        match self.attempt(tier, size, stream, true) {
+        match self.attempt(tier, class, size, stream, true) {
             Attempt::Ok(p, t) => Ok((p, t)),
             Attempt::Err(e) => Err(e),
             Attempt::WouldGrow | Attempt::Oom => {
@@ -462,7 +558,7 @@ impl Pool {
         let mut done = 0u64;
         let caches: [(&StreamCache, &dyn Fn(u64)); 2] = [
             (&self.extent_cache, &|p| {
-                if let Err(e) = self.extent.free(p) {
+                if let Err(e) = self.extent_free(p) {
                     log::error!("genpool: returning a cached block to the extent arena: {e}");
                 }
             }),
@@ -484,17 +580,105 @@ impl Pool {
         done
     }
 
-    fn attempt(&self, tier: Tier, size: u64, stream: StreamId, grow: bool) -> Attempt {
+    /// One large-block allocation through the planner: the plan's slot (its pages committed), or where
+    /// the tiers should serve it.
+    fn plan_alloc(&self, pt: &PlanTier, size: u64, long: bool) -> Decision {
+        let mut g = pt.inner.lock();
+        let d = g.planner.on_alloc(size);
+        if g.planner.wants_activation().is_some() {
+            g.planner.activate();
+        }
+        match d {
+            // The classifier expects this block to outlive the period (a weight or optimizer state whose
+            // shape matches a planned activation): a slot it squatted on would block the plan for as long
+            // as it lives. Follow the plan's cursor, serve it from the tiers.
+            Decision::Planned { ticket, .. } if long => {
+                g.planner.on_free(ticket);
+                Decision::Unplanned {
+                    ticket: Ticket::NONE,
+                }
+            }
+            Decision::Planned { offset, ticket } => match pt.region.commit(offset, size, true) {
+                Ok(()) => {
+                    g.tally.add(offset, size);
+                    g.peak_pages = g.peak_pages.max(g.tally.pages());
+                    d
+                }
+                Err(e) => {
+                    // No page for it now: give the slot back; the tiers' out-of-memory path takes over.
+                    log::debug!("genpool: planned slot not committed: {e}");
+                    g.planner.on_free(ticket);
+                    Decision::Unplanned {
+                        ticket: Ticket::NONE,
+                    }
+                }
+            },
+            other => other,
+        }
+    }
+
+    /// Tell the planner a block it tracks is gone (a planned block's pages are decommitted).
+    fn plan_free(&self, ticket: Ticket, range: Option<(u64, u64)>) {
+        if !ticket.is_tracked() {
+            return;
+        }
+        if let Some(pt) = &self.plan {
+            let mut g = pt.inner.lock();
+            if let Some((ptr, size)) = range {
+                let off = ptr - pt.region.base();
+                pt.region.decommit(off, size);
+                g.tally.remove(off, size);
+            }
+            g.planner.on_free(ticket);
+        }
+    }
+
+    /// Stop serving from the plan (its live blocks keep their slots until freed).
+    fn drop_plan(&self) {
+        if let Some(pt) = &self.plan {
+            pt.inner.lock().planner.deactivate();
+        }
+    }
+
+    /// The extent arena for blocks predicted `class`.
+    #[inline]
+    fn extent_for(&self, class: Lifetime) -> &ExtentArena {
+        let i = match class {
+            Lifetime::Short => 0,
+            Lifetime::Mid => 1,
+            Lifetime::Long => 2,
+        };
+        &self.extents[i.min(self.extents.len() - 1)]
+    }
+
+    /// Free an extent block to the arena whose address range holds it.
+    fn extent_free(&self, ptr: u64) -> std::result::Result<u64, ExtentError> {
+        match self.extents.iter().find(|a| a.owns(ptr)) {
+            Some(a) => a.free(ptr),
+            None => Err(ExtentError::InvalidFree { ptr }),
+        }
+    }
+
+    fn attempt(
+        &self,
+        tier: Tier,
+        class: Lifetime,
+        size: u64,
+        stream: StreamId,
+        grow: bool,
+    ) -> Attempt {
         match tier {
             Tier::Slab => match self.slab.alloc(size, stream, grow) {
                 Ok(p) => Attempt::Ok(p, Tier::Slab),
                 Err(SlabError::WouldGrow { .. }) => Attempt::WouldGrow,
                 Err(SlabError::Vmm(e)) => e.into(),
                 // A size class out of address space: the extent arena serves any size.
-                Err(SlabError::ClassFull { .. }) => self.attempt(Tier::Extent, size, stream, grow),
+                Err(SlabError::ClassFull { .. }) => {
+                    self.attempt(Tier::Extent, class, size, stream, grow)
+                }
                 Err(e) => Attempt::Err(tier_err(e)),
             },
-            Tier::Extent => match self.extent.alloc(size, grow) {
+            Tier::Extent => match self.extent_for(class).alloc(size, grow) {
                 Ok(p) => Attempt::Ok(p, Tier::Extent),
                 Err(ExtentError::WouldGrow { .. }) => Attempt::WouldGrow,
                 Err(ExtentError::Vmm(e)) => e.into(),
@@ -537,7 +721,9 @@ impl Pool {
                     log::error!("genpool: trimming the stream pool: {e}");
                 }
             }
-            self.extent.trim();
+            for a in &self.extents {
+                a.trim();
+            }
             self.buddy.trim();
             if let Err(e) = self.pages.release_unused() {
                 log::error!("genpool: releasing unused pages: {e}");
@@ -578,9 +764,19 @@ impl Pool {
         self.classifier.on_free(&meta.stamp, size);
         let res = match meta.tier {
             Tier::Slab => self.slab.free(ptr, stream).map(|_| ()).map_err(tier_err),
-            Tier::Extent => self.cache_or_free(&self.extent_cache, ptr, size, stream, |p| {
-                self.extent.free(p).map(|_| ()).map_err(tier_err)
-            }),
+            Tier::Extent if meta.ticket.is_planned() => {
+                // Served from the plan's range: the slot is free again once the planner knows. Only one
+                // stream ever allocates planned slots (see `note_stream`), so stream order makes the
+                // reuse safe, as for a tier.
+                self.plan_free(meta.ticket, Some((ptr, size)));
+                Ok(())
+            }
+            Tier::Extent => {
+                self.plan_free(meta.ticket, None);
+                self.cache_or_free(&self.extent_cache, ptr, size, stream, |p| {
+                    self.extent_free(p).map(|_| ()).map_err(tier_err)
+                })
+            }
             Tier::Buddy => self.cache_or_free(&self.buddy_cache, ptr, size, stream, |p| {
                 self.buddy.free(p).map(|_| ()).map_err(tier_err)
             }),
@@ -715,8 +911,20 @@ impl Pool {
                 (s.committed_bytes, s.peak_committed_bytes)
             }
             Tier::Extent => {
-                let s = self.extent.stats();
-                (s.committed_bytes, s.peak_committed_bytes)
+                // Per-arena peaks occur at different moments: their sum bounds the tier's peak.
+                let (c, p) = self
+                    .extents
+                    .iter()
+                    .map(|a| a.stats())
+                    .fold((0, 0), |(c, p), s| {
+                        (c + s.committed_bytes, p + s.peak_committed_bytes)
+                    });
+                let (pc, pp) = self.plan.as_ref().map_or((0, 0), |pt| {
+                    let g = pt.inner.lock();
+                    let page = self.pages.page_size();
+                    (g.tally.pages() * page, g.peak_pages * page)
+                });
+                (c + pc, p + pp)
             }
             Tier::Buddy => {
                 let s = self.buddy.stats();
@@ -743,7 +951,12 @@ impl Pool {
                     reserved: self.tier_reserved(t).0,
                 })
                 .collect(),
-            largest_free_extent: self.extent.stats().largest_free_extent,
+            largest_free_extent: self
+                .extents
+                .iter()
+                .map(|a| a.stats().largest_free_extent)
+                .max()
+                .unwrap_or(0),
             device_free: self.device.mem_info().ok().map(|(f, _)| f),
         }
     }
@@ -784,6 +997,23 @@ impl Pool {
             classifier_accuracy_bytes: confusion.accuracy_bytes(),
             confusion_counts: confusion.counts,
             confusion_bytes: confusion.bytes,
+            plan: self.plan.as_ref().map_or_else(PlanSummary::default, |pt| {
+                let g = pt.inner.lock();
+                let s = g.planner.stats();
+                PlanSummary {
+                    active: s.active,
+                    period: s.period,
+                    footprint: s.footprint,
+                    lower_bound: s.lower_bound,
+                    hits: s.hits,
+                    misses: s.misses,
+                    blocked: s.blocked,
+                    outside: s.outside,
+                    activations: s.activations,
+                    deactivations: s.deactivations,
+                    committed: g.tally.pages() * self.pages.page_size(),
+                }
+            }),
         }
     }
 }

@@ -57,4 +57,33 @@ pub struct PoolStats {
     pub confusion_counts: [[u64; 3]; 3],
     /// Confusion matrix, bytes.
     pub confusion_bytes: [[u64; 3]; 3],
+    /// The periodic planner (see `Config::plan`).
+    pub plan: PlanSummary,
+}
+
+/// What the periodic planner did (all zero when planning is off).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PlanSummary {
+    /// Whether a plan serves allocations now.
+    pub active: bool,
+    /// Period of the current plan, in large-block allocations (0: none).
+    pub period: u64,
+    /// Bytes of the current plan's range.
+    pub footprint: u64,
+    /// Most bytes of planned blocks alive at one moment of the recorded period.
+    pub lower_bound: u64,
+    /// Allocations served from the plan.
+    pub hits: u64,
+    /// Allocations that did not match the plan.
+    pub misses: u64,
+    /// Allocations that matched but whose slot was not free (served by the tiers).
+    pub blocked: u64,
+    /// Matching allocations at positions the plan does not cover.
+    pub outside: u64,
+    /// Plans activated.
+    pub activations: u64,
+    /// Plans dropped.
+    pub deactivations: u64,
+    /// Bytes of the plan's range mapped now.
+    pub committed: u64,
 }
