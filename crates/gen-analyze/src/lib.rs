@@ -14,6 +14,7 @@
 #![warn(missing_docs)]
 
 pub mod caching;
+pub mod driver_pool;
 pub mod html;
 mod recommend;
 mod report;
@@ -24,6 +25,7 @@ pub mod waste;
 use gen_trace::{replay_plan, ReplayAllocator, ReplayError, ReplayOptions, ReplayPlan, Trace};
 
 pub use caching::{CachingMode, CachingSim, Knobs};
+pub use driver_pool::DriverPoolSim;
 pub use html::write_html;
 pub use recommend::{recommend, Recommendation};
 pub use report::{write_report, write_table};
@@ -42,6 +44,9 @@ pub enum Strategy {
     /// PyTorch's caching allocator (native segments) with `max_split_size_mb` and/or
     /// `roundup_power2_divisions` set.
     NativeTuned(Knobs),
+    /// PyTorch's `cudaMallocAsync` backend: the driver's stream-ordered pool (a model of an
+    /// undocumented policy, see [`driver_pool`]).
+    Async,
     /// RMM `pool_memory_resource`, smallest fixed size that replays the trace.
     RmmPool,
     /// The genpool engine on the simulated device.
@@ -91,12 +96,18 @@ impl Strategy {
             .collect()
     }
 
+    /// Whether the simulation is checked against measured ratios (tests/anchors.rs) and may be
+    /// recommended. [`Strategy::Async`] is not: it is an estimate, run only when named.
+    pub fn is_validated(self) -> bool {
+        self != Strategy::Async
+    }
+
     /// Whether this is a PyTorch caching-allocator setting (a choice made with
     /// `PYTORCH_CUDA_ALLOC_CONF`).
     pub fn is_torch(self) -> bool {
         matches!(
             self,
-            Strategy::Native | Strategy::Expandable | Strategy::NativeTuned(_)
+            Strategy::Native | Strategy::Expandable | Strategy::NativeTuned(_) | Strategy::Async
         )
     }
 
@@ -143,6 +154,7 @@ impl Strategy {
                 }
                 Some(parts.join(","))
             }
+            Strategy::Async => Some("backend:cudaMallocAsync".to_owned()),
             Strategy::RmmPool | Strategy::Genpool => None,
         }
     }
@@ -154,6 +166,7 @@ impl Strategy {
             Strategy::Native => "native",
             Strategy::Expandable => "expandable",
             Strategy::NativeTuned(_) => "native-tuned",
+            Strategy::Async => "async",
             Strategy::RmmPool => "rmm-pool",
             Strategy::Genpool => "genpool",
         }
@@ -196,6 +209,7 @@ impl Strategy {
         }
         Strategy::ALL
             .into_iter()
+            .chain([Strategy::Async])
             .find(|s| s.name() == name)
             .ok_or_else(|| AnalyzeError::UnknownStrategy {
                 name: name.to_owned(),
@@ -207,6 +221,7 @@ impl Strategy {
         match self {
             Strategy::Native => Some("native"),
             Strategy::Expandable => Some("expandable"),
+            Strategy::Async => Some("async"),
             Strategy::RmmPool => Some("rmm-pool"),
             Strategy::NativeTuned(_) | Strategy::Genpool => None,
         }
@@ -238,7 +253,7 @@ pub fn anchor(trace: &str, mode: &str) -> Option<f64> {
 #[derive(Debug, thiserror::Error)]
 pub enum AnalyzeError {
     /// A strategy name nobody knows.
-    #[error("unknown strategy `{name}` (known: native, expandable, rmm-pool, genpool, native:max_split_size_mb=N,roundup_power2_divisions=M)")]
+    #[error("unknown strategy `{name}` (known: native, expandable, rmm-pool, genpool, async, native:max_split_size_mb=N,roundup_power2_divisions=M)")]
     UnknownStrategy {
         /// The name given.
         name: String,
@@ -363,6 +378,7 @@ pub fn peak_reserved(trace: &Trace, plan: &ReplayPlan, s: Strategy) -> Result<u6
             })?;
             one_pass(plan, &mut CachingSim::with_knobs(CachingMode::Native, k)).map_err(err)
         }
+        Strategy::Async => one_pass(plan, &mut DriverPoolSim::new()).map_err(err),
         Strategy::RmmPool => min_fixed_size(trace, &RmmPoolSim::new).map_err(err),
         Strategy::Genpool => one_pass(plan, &mut engine()?).map_err(err),
     }
@@ -379,6 +395,7 @@ pub fn waste_of(trace: &Trace, s: Strategy, peak: u64) -> Result<WasteSnapshot, 
         Strategy::NativeTuned(k) => waste_at_peak(trace, &mut || {
             Ok(CachingSim::with_knobs(CachingMode::Native, k))
         }),
+        Strategy::Async => waste_at_peak(trace, &mut || Ok(DriverPoolSim::new())),
         Strategy::RmmPool => waste_at_peak(trace, &mut || {
             Ok(RmmPoolSim::new(
                 peak.div_ceil(rmm::BUDGET_ROUND) * rmm::BUDGET_ROUND,

@@ -60,7 +60,15 @@ pub fn recommend(analysis: &Analysis) -> Recommendation {
     recommend_from(analysis.peak_live, &analysis.results)
 }
 
+/// Strategies without a validated simulation ([`Strategy::is_validated`]) are left out: an estimate
+/// does not make a recommendation.
 pub(crate) fn recommend_from(peak_live: u64, results: &[StrategyResult]) -> Recommendation {
+    let validated: Vec<StrategyResult> = results
+        .iter()
+        .filter(|r| r.strategy.is_validated())
+        .cloned()
+        .collect();
+    let results = &validated[..];
     let default = results
         .iter()
         .find(|r| r.strategy == Strategy::Native)

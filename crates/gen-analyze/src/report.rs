@@ -62,6 +62,13 @@ pub fn write_table(out: &mut dyn Write, a: &Analysis) -> io::Result<()> {
     for r in &a.results {
         writeln!(out, "    {:<w$}  {}", r.strategy.label(), waste_line(r))?;
     }
+    for r in a.results.iter().filter(|r| !r.strategy.is_validated()) {
+        writeln!(
+            out,
+            "  {} is an unvalidated estimate (see gen-analyze's README): not recommended.",
+            r.strategy.label()
+        )?;
+    }
     for line in a.recommendation.reasons() {
         writeln!(out, "  {line}")?;
     }

@@ -34,11 +34,33 @@ fn check(trace: &gen_trace::Trace) {
     }
 }
 
+/// The `cudaMallocAsync` model is not validated (the driver's placement policy is undocumented):
+/// this bounds its known error on the shared traces (crate README), so a change to it shows here.
+const ASYNC_KNOWN_ERROR: f64 = 0.08;
+
+fn check_async(trace: &gen_trace::Trace) {
+    let a = analyze(trace, &[Strategy::Native, Strategy::Async]).unwrap();
+    let r = a.result(Strategy::Async).unwrap();
+    let err = r.error().expect("measured");
+    assert!(
+        err.abs() <= ASYNC_KNOWN_ERROR,
+        "{} async: simulated {:.4}, measured {:.4}",
+        a.trace,
+        r.ratio.unwrap(),
+        r.measured.unwrap()
+    );
+    assert_eq!(r.waste.total(), r.at_peak.reserved - r.at_peak.live);
+    // Never recommended, even where it looks best.
+    assert_ne!(a.recommendation.use_strategy.as_deref(), Some("async"));
+    assert!(a.recommendation.best_torch.as_ref().unwrap().strategy != "async");
+}
+
 #[test]
 fn resnet50_within_tolerance() {
     let bytes = include_bytes!("../../genpool-cli/data/resnet50_train.csv.gz");
     let t = gen_trace::load_bytes("resnet50_train", bytes).unwrap();
     check(&t[0]);
+    check_async(&t[0]);
 }
 
 #[test]
@@ -49,6 +71,7 @@ fn shared_traces_within_tolerance() {
         let p = dir.join(format!("{name}.csv.gz"));
         let t = gen_trace::load_path(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
         check(&t[0]);
+        check_async(&t[0]);
     }
 }
 
@@ -102,7 +125,7 @@ fn strategy_names_round_trip() {
     }
     assert_eq!(
         Strategy::parse("tlsf").unwrap_err().to_string(),
-        "unknown strategy `tlsf` (known: native, expandable, rmm-pool, genpool, native:max_split_size_mb=N,roundup_power2_divisions=M)"
+        "unknown strategy `tlsf` (known: native, expandable, rmm-pool, genpool, async, native:max_split_size_mb=N,roundup_power2_divisions=M)"
     );
     for s in gen_analyze::Strategy::TORCH_SWEEP {
         assert_eq!(Strategy::parse(&s.label()).unwrap(), s);

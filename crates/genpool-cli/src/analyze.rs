@@ -23,7 +23,8 @@ pub struct AnalyzeArgs {
     pub traces: Vec<PathBuf>,
     /// Strategy to run; repeat for several [default: native, expandable, rmm-pool, genpool and five
     /// tuned native settings]. A tuned native allocator is written
-    /// `native:max_split_size_mb=N,roundup_power2_divisions=M` (either or both).
+    /// `native:max_split_size_mb=N,roundup_power2_divisions=M` (either or both). `async` (PyTorch's
+    /// cudaMallocAsync backend) is an unvalidated estimate, run only when named, never recommended.
     #[arg(long = "strategy", value_name = "NAME", value_parser = parse_strategy)]
     pub strategies: Vec<Strategy>,
     /// Print one JSON object per trace per line instead of tables (with `recommendation`, and per
