@@ -1,23 +1,75 @@
 //! The engine behind `gen_trace`'s replay seam (feature `replay`).
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use gen_device::{Device, StreamId};
 use gen_trace::{ClassifierReport, ReplayAllocator, ReplayError, TierReport};
 
 use crate::{Hint, Pool};
 
 /// A [`Pool`] driven by a trace replay.
+///
+/// A trace names streams by the handles the recorded program had (`0` = the default stream). The replay
+/// gives each other handle a stream of its own on the pool's device, created at its first use, so a
+/// multi-stream trace is replayed on as many real streams, in the same roles — not on handles the
+/// device never made.
 #[derive(Debug)]
 pub struct EngineReplay {
+    // Declared before `streams`: the pool (and what its caches queue on those streams) goes first.
     pool: Pool,
     name: String,
+    streams: Streams,
+}
+
+/// The replay's streams by trace handle; destroyed after the pool is gone.
+#[derive(Debug)]
+struct Streams {
+    device: Arc<dyn Device>,
+    by_handle: HashMap<u64, StreamId>,
+}
+
+impl Drop for Streams {
+    fn drop(&mut self) {
+        for (_, s) in self.by_handle.drain() {
+            if let Err(e) = self.device.stream_destroy(s) {
+                log::warn!("genpool replay: destroying a replay stream: {e}");
+            }
+        }
+    }
 }
 
 impl EngineReplay {
     /// Wrap `pool`; `name` labels the reports (e.g. `genpool`, `genpool-single`).
     pub fn new(pool: Pool, name: impl Into<String>) -> Self {
+        let device = pool.device().clone();
         EngineReplay {
             pool,
             name: name.into(),
+            streams: Streams {
+                device,
+                by_handle: HashMap::new(),
+            },
         }
+    }
+
+    /// The device stream that plays the trace's stream `handle`.
+    fn stream(&mut self, handle: u64) -> Result<StreamId, ReplayError> {
+        if handle == 0 {
+            return Ok(0);
+        }
+        if let Some(&s) = self.streams.by_handle.get(&handle) {
+            return Ok(s);
+        }
+        let s = self
+            .streams
+            .device
+            .stream_create()
+            .map_err(|e| ReplayError::Allocator {
+                message: format!("creating a stream for trace stream {handle:#x}: {e}"),
+            })?;
+        self.streams.by_handle.insert(handle, s);
+        Ok(s)
     }
 
     /// The engine.
@@ -47,6 +99,7 @@ impl ReplayAllocator for EngineReplay {
 
     #[inline]
     fn alloc(&mut self, size: u64, stream: u64, site: Option<u64>) -> Result<u64, ReplayError> {
+        let stream = self.stream(stream)?;
         self.pool
             .alloc(
                 size,
@@ -72,6 +125,7 @@ impl ReplayAllocator for EngineReplay {
 
     #[inline]
     fn free(&mut self, ptr: u64, _size: u64, stream: u64) -> Result<(), ReplayError> {
+        let stream = self.stream(stream)?;
         self.pool
             .free(ptr, stream)
             .map(|_| ())

@@ -449,3 +449,50 @@ fn periodic_plans_serve_a_training_loop_without_overlap_or_leaks() {
     pool.trim();
     assert_eq!(pool.reserved_now(), 0, "{:?}", pool.stats().pages);
 }
+
+/// A trace's stream handles are the recorded program's, not the device's: the replay plays each on a
+/// stream it creates (and destroys afterwards), so a multi-stream trace exercises cross-stream reuse
+/// instead of failing on handles the device never made.
+#[test]
+fn replay_plays_trace_streams_on_streams_of_its_own() {
+    let mut csv = String::from("t_us,action,addr,size,stream,site\n");
+    let streams = [0u64, 0x7f00_1234, 0x7f00_5678];
+    let mut t = 0;
+    for round in 0..50u64 {
+        for (i, &s) in streams.iter().enumerate() {
+            let addr = 0x1000_0000 + (i as u64) * 0x100_0000 + (round % 2) * 0x80_0000;
+            let size = (1 + (round % 5)) * MIB;
+            t += 1;
+            csv.push_str(&format!("{t},a,{addr},{size},{s},0\n"));
+            t += 1;
+            csv.push_str(&format!("{t},f,{addr},{size},{s},0\n"));
+        }
+    }
+    let trace = gen_trace::load_bytes("three_streams.csv", csv.as_bytes())
+        .unwrap()
+        .remove(0);
+    let dev = sim(8 * GIB);
+    {
+        let mut eng = EngineReplay::new(pool_on(&dev, Config::default()), "genpool");
+        let r = gen_trace::replay(
+            &trace,
+            &mut eng,
+            &gen_trace::ReplayOptions {
+                passes: 2,
+                ignore_site: false,
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            dev.outstanding().streams,
+            2,
+            "one device stream per non-default trace stream"
+        );
+        assert!(r.ratio.unwrap() < 1.6, "{:?}", r.ratio);
+    }
+    assert_eq!(
+        dev.outstanding().streams,
+        0,
+        "replay streams destroyed with the replay"
+    );
+}
