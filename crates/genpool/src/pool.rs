@@ -109,6 +109,8 @@ pub struct Pool {
     ooms: AtomicU64,
     retries: AtomicU64,
     invalid_frees: AtomicU64,
+    /// Large allocations since the last free (any free): a burst builds long-lived state.
+    large_since_free: AtomicU64,
     max_size: u64,
     /// Whether freed extent and buddy blocks go through the exact-size stream caches by configuration.
     caching: bool,
@@ -121,9 +123,15 @@ pub struct Pool {
 
 const NO_STREAM: u64 = u64::MAX;
 
-/// The planner and its address range. Planned blocks commit their pages like the extent arena's (a page
-/// referenced by a live block is mapped; a free one stays mapped for the next period, or goes to whoever
-/// needs it), so a plan never holds memory its blocks do not use.
+/// Large allocations in a row with no free in between after which the planner's slots are not used (see
+/// `Pool::plan_alloc`).
+const PLAN_BURST: u64 = 8;
+
+/// The planner and its address range. Planned blocks commit their pages as the extent arena's do (a page
+/// referenced by a live block is mapped; a free one stays mapped where the next period's block will
+/// revive it unless another commit takes it first), so the plan never holds memory beyond what its live
+/// blocks touch. (Pinning the pages to the plan instead removed the page moves but cost memory whenever
+/// the arena had to serve unplanned blocks beside it: docs/ARCHITECTURE.md, "Periodic plans".)
 struct PlanTier {
     inner: parking_lot::Mutex<PlanInner>,
     region: Region,
@@ -312,6 +320,7 @@ impl Pool {
             ooms: AtomicU64::new(0),
             retries: AtomicU64::new(0),
             invalid_frees: AtomicU64::new(0),
+            large_since_free: AtomicU64::new(0),
         })
     }
 
@@ -430,7 +439,8 @@ impl Pool {
         // the block's lifetime from the last period.
         if size > self.slab.max_size() && !self.multi_stream.load(Ordering::Acquire) {
             if let Some(pt) = &self.plan {
-                match self.plan_alloc(pt, size, class == Lifetime::Long) {
+                let burst = self.large_since_free.fetch_add(1, Relaxed) >= PLAN_BURST;
+                match self.plan_alloc(pt, size, burst) {
                     Decision::Planned { offset, ticket: t } => {
                         planned = Some(pt.region.base() + offset);
                         ticket = t;
@@ -581,18 +591,16 @@ impl Pool {
     }
 
     /// One large-block allocation through the planner: the plan's slot (its pages committed), or where
-    /// the tiers should serve it.
-    fn plan_alloc(&self, pt: &PlanTier, size: u64, long: bool) -> Decision {
+    /// the tiers should serve it. `burst`: a run of allocations with no free in between — state being
+    /// built (weights, optimizer moments), which would squat on a planned slot for good — is not planned.
+    fn plan_alloc(&self, pt: &PlanTier, size: u64, burst: bool) -> Decision {
         let mut g = pt.inner.lock();
         let d = g.planner.on_alloc(size);
         if g.planner.wants_activation().is_some() {
             g.planner.activate();
         }
         match d {
-            // The classifier expects this block to outlive the period (a weight or optimizer state whose
-            // shape matches a planned activation): a slot it squatted on would block the plan for as long
-            // as it lives. Follow the plan's cursor, serve it from the tiers.
-            Decision::Planned { ticket, .. } if long => {
+            Decision::Planned { ticket, .. } if burst => {
                 g.planner.on_free(ticket);
                 Decision::Unplanned {
                     ticket: Ticket::NONE,
@@ -617,7 +625,7 @@ impl Pool {
         }
     }
 
-    /// Tell the planner a block it tracks is gone (a planned block's pages are decommitted).
+    /// Tell the planner a block it tracks is gone; a planned block's pages are decommitted.
     fn plan_free(&self, ticket: Ticket, range: Option<(u64, u64)>) {
         if !ticket.is_tracked() {
             return;
@@ -760,6 +768,9 @@ impl Pool {
             }
         };
         let size = meta.size;
+        if self.large_since_free.load(Relaxed) != 0 {
+            self.large_since_free.store(0, Relaxed);
+        }
         self.note_stream(stream);
         self.classifier.on_free(&meta.stamp, size);
         let res = match meta.tier {
