@@ -61,7 +61,10 @@ summary=()
 # One line from a run's log: sanitizer errors, libtest's counts, skips for want of a device.
 summarize() {
   local name=$1 rc=$2 secs=$3 log=$4 errors result skips verdict
-  errors=$(grep -Eo 'ERROR SUMMARY: [0-9]+ error' "$log" | grep -Eo '[0-9]+' | tail -n 1)
+  # memcheck and synccheck end with "ERROR SUMMARY: N errors", racecheck with
+  # "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)".
+  errors=$(grep -Eo 'ERROR SUMMARY: [0-9]+ error|RACECHECK SUMMARY: [0-9]+ hazard' "$log" |
+    grep -Eo '[0-9]+' | tail -n 1)
   result=$(grep -Eo 'test result: [a-zA-Z]+\. [0-9]+ passed; [0-9]+ failed; [0-9]+ ignored' "$log" |
     tail -n 1 | sed 's/^test result: //')
   skips=$(grep -c 'SKIP: ' "$log")
