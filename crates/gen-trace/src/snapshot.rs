@@ -114,10 +114,25 @@ fn read_device(file: &str, name: &str, dev: usize, events: &[Value]) -> Result<T
         };
         let site = if kind == EventKind::Alloc {
             frames.clear();
+            let mut unresolved = false;
             if let Some(Value::List(fs)) = get(d, "frames") {
                 for f in fs.iter().take(crate::site::SITE_FRAMES) {
-                    let Value::Dict(f) = f else {
-                        return Err(err(Some("frames"), "a frame is not a dict".into()));
+                    let f = match f {
+                        Value::Dict(f) => f,
+                        // serde-pickle 1.2 turns a memoized object that the pickle shares between
+                        // events (PyTorch 2.11 reuses frame dicts) into `None` once its reference
+                        // count, which cloning a containing list does not raise, runs out. The
+                        // frame is real but unreadable: the site is unknown (0), not wrong.
+                        Value::None => {
+                            unresolved = true;
+                            break;
+                        }
+                        other => {
+                            return Err(err(
+                                Some("frames"),
+                                format!("a frame is not a dict: {other:?}"),
+                            ))
+                        }
                     };
                     frames.push(Frame {
                         filename: get(f, "filename").and_then(as_str).unwrap_or("").to_owned(),
@@ -127,9 +142,21 @@ fn read_device(file: &str, name: &str, dev: usize, events: &[Value]) -> Result<T
                         },
                         name: get(f, "name").and_then(as_str).unwrap_or("").to_owned(),
                     });
+                    // The same loss can hit a frame's fields (strings shared between frames).
+                    if !matches!(get(f, "filename"), Some(Value::String(_)))
+                        || !matches!(get(f, "name"), Some(Value::String(_)))
+                        || !matches!(get(f, "line"), Some(Value::I64(_)))
+                    {
+                        unresolved = true;
+                        break;
+                    }
                 }
             }
-            site_hash(&frames)
+            if unresolved {
+                0
+            } else {
+                site_hash(&frames)
+            }
         } else {
             0
         };
