@@ -72,6 +72,7 @@ pub const VALID_KEYS: &[&str] = &[
     "extent_generations",
     "plan",
     "plan_max_period",
+    "plan_pin",
 ];
 
 /// Engine configuration. `Config::default()` is the tuned default; see docs/ARCHITECTURE.md.
@@ -123,6 +124,9 @@ pub struct Config {
     pub plan: bool,
     /// Longest period (in large-block allocations) the planner looks for.
     pub plan_max_period: u64,
+    /// With `plan`: map each page of the plan's range once and keep it while the plan lives (no page work
+    /// and no page moves in steady state; the range holds every page its period touches).
+    pub plan_pin: bool,
 }
 
 impl Default for Config {
@@ -144,6 +148,7 @@ impl Default for Config {
             extent_generations: false,
             plan: false,
             plan_max_period: 8192,
+            plan_pin: false,
         }
     }
 }
@@ -264,6 +269,7 @@ impl Config {
                 self.placement_candidates = v;
             }
             "plan" => self.plan = parse_bool(value).map_err(bad)?,
+            "plan_pin" => self.plan_pin = parse_bool(value).map_err(bad)?,
             "plan_max_period" => {
                 let v: u64 = value
                     .parse()

@@ -139,16 +139,45 @@ struct PlanTier {
 
 struct PlanInner {
     planner: Planner,
+    /// Pages referenced by live planned blocks (per-block mode).
     tally: PageTally,
+    /// `plan_pin`: one bit per page of the range, mapped once and kept while the plan lives.
+    pinned: Option<Vec<u64>>,
+    pinned_pages: u64,
     peak_pages: u64,
+}
+
+impl PlanInner {
+    /// Pages the plan holds now.
+    fn pages(&self) -> u64 {
+        if self.pinned.is_some() {
+            self.pinned_pages
+        } else {
+            self.tally.pages()
+        }
+    }
 }
 
 impl Drop for PlanTier {
     fn drop(&mut self) {
-        // The engine is going away: drop the page references of planned blocks still live so the region
-        // unmaps cleanly.
-        for (off, len) in self.inner.get_mut().planner.live_ranges() {
-            self.region.decommit(off, len);
+        // The engine is going away: drop the plan's page references so the region unmaps cleanly.
+        let page = self.region.pool().page_size();
+        let g = self.inner.get_mut();
+        match &g.pinned {
+            Some(bits) => {
+                for (w, &word) in bits.iter().enumerate() {
+                    for b in 0..64 {
+                        if word & (1 << b) != 0 {
+                            self.region.decommit((w as u64 * 64 + b) * page, page);
+                        }
+                    }
+                }
+            }
+            None => {
+                for (off, len) in g.planner.live_ranges() {
+                    self.region.decommit(off, len);
+                }
+            }
         }
     }
 }
@@ -270,6 +299,10 @@ impl Pool {
                         ..PlanConfig::default()
                     }),
                     tally: PageTally::new(page),
+                    pinned: cfg
+                        .plan_pin
+                        .then(|| vec![0; (va / page).div_ceil(64) as usize]),
+                    pinned_pages: 0,
                     peak_pages: 0,
                 }),
                 region: Region::new(&pages, va, "gen-plan").map_err(tier_err)?,
@@ -596,32 +629,98 @@ impl Pool {
     fn plan_alloc(&self, pt: &PlanTier, size: u64, burst: bool) -> Decision {
         let mut g = pt.inner.lock();
         let d = g.planner.on_alloc(size);
+        if g.planner.take_release() {
+            self.unpin_plan(pt, &mut g);
+        }
         if g.planner.wants_activation().is_some() {
             g.planner.activate();
         }
         match d {
             Decision::Planned { ticket, .. } if burst => {
-                g.planner.on_free(ticket);
+                if g.planner.on_free(ticket) {
+                    self.unpin_plan(pt, &mut g);
+                }
                 Decision::Unplanned {
                     ticket: Ticket::NONE,
                 }
             }
-            Decision::Planned { offset, ticket } => match pt.region.commit(offset, size, true) {
-                Ok(()) => {
-                    g.tally.add(offset, size);
-                    g.peak_pages = g.peak_pages.max(g.tally.pages());
-                    d
-                }
-                Err(e) => {
-                    // No page for it now: give the slot back; the tiers' out-of-memory path takes over.
-                    log::debug!("genpool: planned slot not committed: {e}");
-                    g.planner.on_free(ticket);
-                    Decision::Unplanned {
-                        ticket: Ticket::NONE,
+            Decision::Planned { offset, ticket } => {
+                let mapped = if g.pinned.is_some() {
+                    self.pin(pt, &mut g, offset, size)
+                } else {
+                    pt.region
+                        .commit(offset, size, true)
+                        .map(|()| g.tally.add(offset, size))
+                };
+                match mapped {
+                    Ok(()) => {
+                        g.peak_pages = g.peak_pages.max(g.pages());
+                        d
+                    }
+                    Err(e) => {
+                        // No page for it now: give the slot back; the tiers' out-of-memory path takes
+                        // over.
+                        log::debug!("genpool: planned slot not mapped: {e}");
+                        if g.planner.on_free(ticket) {
+                            self.unpin_plan(pt, &mut g);
+                        }
+                        Decision::Unplanned {
+                            ticket: Ticket::NONE,
+                        }
                     }
                 }
-            },
+            }
             other => other,
+        }
+    }
+
+    /// `plan_pin`: map (once) the pages of `[offset, offset + size)` that the plan has not pinned yet.
+    fn pin(
+        &self,
+        pt: &PlanTier,
+        g: &mut PlanInner,
+        offset: u64,
+        size: u64,
+    ) -> std::result::Result<(), VmmError> {
+        let page = self.pages.page_size();
+        let (first, last) = (offset / page, (offset + size - 1) / page);
+        let Some(bits) = g.pinned.as_mut() else {
+            return Ok(());
+        };
+        let pinned = |bits: &Vec<u64>, p: u64| bits[(p / 64) as usize] & (1 << (p % 64)) != 0;
+        let mut p = first;
+        while p <= last {
+            if pinned(bits, p) {
+                p += 1;
+                continue;
+            }
+            let mut q = p;
+            while q < last && !pinned(bits, q + 1) {
+                q += 1;
+            }
+            pt.region.commit(p * page, (q - p + 1) * page, true)?;
+            for x in p..=q {
+                bits[(x / 64) as usize] |= 1 << (x % 64);
+            }
+            g.pinned_pages += q - p + 1;
+            p = q + 1;
+        }
+        Ok(())
+    }
+
+    /// `plan_pin`: give every pinned page back to the page pool (no planned block is live).
+    fn unpin_plan(&self, pt: &PlanTier, g: &mut PlanInner) {
+        let page = self.pages.page_size();
+        if let Some(bits) = g.pinned.as_mut() {
+            for (w, word) in bits.iter_mut().enumerate() {
+                let taken = std::mem::take(word);
+                for b in 0..64 {
+                    if taken & (1 << b) != 0 {
+                        pt.region.decommit((w as u64 * 64 + b) * page, page);
+                    }
+                }
+            }
+            g.pinned_pages = 0;
         }
     }
 
@@ -632,19 +731,25 @@ impl Pool {
         }
         if let Some(pt) = &self.plan {
             let mut g = pt.inner.lock();
-            if let Some((ptr, size)) = range {
+            if let (Some((ptr, size)), None) = (range, &g.pinned) {
                 let off = ptr - pt.region.base();
                 pt.region.decommit(off, size);
                 g.tally.remove(off, size);
             }
-            g.planner.on_free(ticket);
+            if g.planner.on_free(ticket) {
+                self.unpin_plan(pt, &mut g);
+            }
         }
     }
 
-    /// Stop serving from the plan (its live blocks keep their slots until freed).
+    /// Stop serving from the plan (its live blocks keep their slots until freed; pinned pages go back
+    /// once none is live).
     fn drop_plan(&self) {
         if let Some(pt) = &self.plan {
-            pt.inner.lock().planner.deactivate();
+            let mut g = pt.inner.lock();
+            if g.planner.deactivate() {
+                self.unpin_plan(pt, &mut g);
+            }
         }
     }
 
@@ -933,7 +1038,7 @@ impl Pool {
                 let (pc, pp) = self.plan.as_ref().map_or((0, 0), |pt| {
                     let g = pt.inner.lock();
                     let page = self.pages.page_size();
-                    (g.tally.pages() * page, g.peak_pages * page)
+                    (g.pages() * page, g.peak_pages * page)
                 });
                 (c + pc, p + pp)
             }
@@ -1022,7 +1127,7 @@ impl Pool {
                     outside: s.outside,
                     activations: s.activations,
                     deactivations: s.deactivations,
-                    committed: g.tally.pages() * self.pages.page_size(),
+                    committed: g.pages() * self.pages.page_size(),
                 }
             }),
         }
