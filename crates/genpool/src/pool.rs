@@ -951,6 +951,11 @@ impl Pool {
     /// pool's spare memory. Returns the bytes of reservation released.
     pub fn trim(&self) -> u64 {
         let before = self.reserved_now();
+        if self.cfg.plan_pin {
+            // Pinned pages are memory held for the next period: a trim gives them back (the plan is
+            // dropped; its pages go now, or when its last live block is freed).
+            self.drop_plan();
+        }
         self.relieve(true);
         before.saturating_sub(self.reserved_now())
     }

@@ -382,6 +382,16 @@ fn real_traces_replay_with_invariants() {
 /// iteration falls back to the tiers, and after everything is freed and trimmed nothing is held.
 #[test]
 fn periodic_plans_serve_a_training_loop_without_overlap_or_leaks() {
+    periodic_plan_program("plan:true");
+}
+
+/// The same with the plan's pages pinned (mapped once while the plan lives).
+#[test]
+fn pinned_periodic_plans_serve_a_training_loop_without_overlap_or_leaks() {
+    periodic_plan_program("plan:true,plan_pin:true");
+}
+
+fn periodic_plan_program(conf: &str) {
     let dev = Arc::new(
         SimDevice::config()
             .capacity(4 * GIB)
@@ -389,7 +399,7 @@ fn periodic_plans_serve_a_training_loop_without_overlap_or_leaks() {
             .build()
             .unwrap(),
     );
-    let pool = pool_on(&dev, Config::parse("plan:true").unwrap());
+    let pool = pool_on(&dev, Config::parse(conf).unwrap());
     let mut pat = 0u8;
     let mut put = |pool: &Pool, size: u64, l: Option<Lifetime>| {
         let b = pool
