@@ -86,11 +86,33 @@ fn cases() -> u32 {
     }
 }
 
+/// Actions per program (fewer under Miri, which runs each step thousands of times slower).
+fn program_len() -> usize {
+    if cfg!(miri) {
+        24
+    } else {
+        200
+    }
+}
+
+/// Under Miri (isolation on) no regression file is read or written: proptest's file persistence needs
+/// the working directory.
+fn config() -> ProptestConfig {
+    let mut c = ProptestConfig {
+        cases: cases(),
+        ..ProptestConfig::default()
+    };
+    if cfg!(miri) {
+        c.failure_persistence = None;
+    }
+    c
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+    #![proptest_config(config())]
 
     #[test]
-    fn bfc_invariants(actions in prop::collection::vec(action(), 0..200)) {
+    fn bfc_invariants(actions in prop::collection::vec(action(), 0..program_len())) {
         let mut a = Bfc::default();
         check(&mut a, &actions, Bfc::stats)?;
         // Every region is whole again: a block the size of the first (smallest) region fits.
@@ -102,7 +124,7 @@ proptest! {
     }
 
     #[test]
-    fn buddy_invariants(actions in prop::collection::vec(action(), 0..200)) {
+    fn buddy_invariants(actions in prop::collection::vec(action(), 0..program_len())) {
         let mut a = Buddy::default();
         check(&mut a, &actions, Buddy::stats)?;
         if a.reserved() > 0 {
