@@ -128,6 +128,7 @@ impl Owner {
 fn a_training_loop_is_planned_and_served_from_its_plan() {
     let mut o = Owner::new(PlanConfig {
         confirm: 256,
+        max_period: 1024,
         ..PlanConfig::default()
     });
     // Weights: long-lived, never freed.
@@ -161,9 +162,11 @@ fn a_training_loop_is_planned_and_served_from_its_plan() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "long under Miri; the same code paths run in the other tests")]
 fn a_shape_change_is_served_elsewhere_and_a_new_regime_is_replanned() {
     let mut o = Owner::new(PlanConfig {
         confirm: 256,
+        max_period: 1024,
         ..PlanConfig::default()
     });
     for it in 0..16 {
@@ -189,6 +192,7 @@ fn a_shape_change_is_served_elsewhere_and_a_new_regime_is_replanned() {
 fn a_block_that_outlives_its_recording_is_not_overwritten() {
     let mut o = Owner::new(PlanConfig {
         confirm: 256,
+        max_period: 1024,
         ..PlanConfig::default()
     });
     for it in 0..16 {
@@ -206,9 +210,11 @@ fn a_block_that_outlives_its_recording_is_not_overwritten() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "long under Miri; the same code paths run in the other tests")]
 fn an_aperiodic_sequence_is_never_planned() {
     let mut o = Owner::new(PlanConfig {
         confirm: 256,
+        max_period: 1024,
         ..PlanConfig::default()
     });
     let mut s = 0x2545_f491_4f6c_dd1du64;
