@@ -28,6 +28,60 @@ fn fixtures() -> PathBuf {
 const SNAPSHOT_SMALL: &[u8] = include_bytes!("fixtures/snapshot_small.pickle");
 const SNAPSHOT_SMALL_JSON: &str = include_str!("fixtures/snapshot_small.expected.json");
 const SNAPSHOT_BAD_ADDR: &[u8] = include_bytes!("fixtures/snapshot_bad_addr.pickle");
+/// Recorded by PyTorch 2.11.0+cu130's `torch.cuda.memory._dump_snapshot` on the H200
+/// (`python -m genpool_torch.capture --snapshot-pickle`: a two-stream program with `record_stream`).
+const SNAPSHOT_TORCH: &[u8] = include_bytes!("fixtures/snapshot_torch211.pickle");
+const SNAPSHOT_TORCH_JSON: &str = include_str!("fixtures/snapshot_torch211.expected.json");
+
+/// `traces` hold exactly the events (kind, time, address, size, stream, call-site hash) of the JSON the
+/// capture tool derived from the same snapshot in Python.
+fn assert_events_match(traces: &[Trace], expected_json: &str) {
+    let expected: serde_json::Value = serde_json::from_str(expected_json).unwrap();
+    let expected = expected.as_array().unwrap();
+    assert_eq!(
+        traces.len(),
+        expected.len(),
+        "one trace per non-empty device"
+    );
+    for (t, x) in traces.iter().zip(expected) {
+        assert_eq!(t.name, x["name"].as_str().unwrap());
+        let xe = x["events"].as_array().unwrap();
+        assert_eq!(t.events.len(), xe.len(), "{}", t.name);
+        for (e, x) in t.events.iter().zip(xe) {
+            let kind = match e.kind {
+                EventKind::Alloc => "alloc",
+                EventKind::Free => "free",
+            };
+            assert_eq!(kind, x["kind"].as_str().unwrap());
+            assert_eq!(e.t_us, x["t_us"].as_u64().unwrap());
+            assert_eq!(e.addr, x["addr"].as_u64().unwrap());
+            assert_eq!(e.size, x["size"].as_u64().unwrap());
+            assert_eq!(e.stream, x["stream"].as_u64().unwrap());
+            assert_eq!(e.site, x["site"].as_u64().unwrap(), "site of {e:?}");
+        }
+    }
+}
+
+/// A snapshot made by the real tool. PyTorch shares frame dicts and strings between events; serde-pickle
+/// 1.2.0 read every shared object after its first use as `None` (vendor/serde-pickle/GENPOOL_PATCH.md):
+/// every stack after the first was lost. With the fix, every site equals Python's.
+#[test]
+fn a_real_pytorch_snapshot_reads_as_python_reads_it() {
+    let traces = load_fixture("snapshot_torch211.pickle", SNAPSHOT_TORCH).unwrap();
+    assert_events_match(&traces, SNAPSHOT_TORCH_JSON);
+    let t = &traces[0];
+    let allocs = t.events.iter().filter(|e| e.kind == EventKind::Alloc);
+    assert!(allocs.clone().count() >= 4);
+    assert!(
+        allocs.clone().all(|e| e.site != 0),
+        "every allocation has its stack"
+    );
+    let streams: std::collections::BTreeSet<u64> = t.events.iter().map(|e| e.stream).collect();
+    assert!(
+        streams.len() >= 2,
+        "the side stream's blocks are there: {streams:?}"
+    );
+}
 
 /// Loads a fixture through [`load_path`], or under Miri (no file system) from its compiled-in `bytes`
 /// under the same file and trace names.
@@ -227,30 +281,7 @@ fn rmm_log() {
 #[test]
 fn snapshot_fixture_matches_python() {
     let traces = load_fixture("snapshot_small.pickle", SNAPSHOT_SMALL).unwrap();
-    let expected: serde_json::Value = serde_json::from_str(SNAPSHOT_SMALL_JSON).unwrap();
-    let expected = expected.as_array().unwrap();
-    assert_eq!(
-        traces.len(),
-        expected.len(),
-        "one trace per non-empty device"
-    );
-    for (t, x) in traces.iter().zip(expected) {
-        assert_eq!(t.name, x["name"].as_str().unwrap());
-        let xe = x["events"].as_array().unwrap();
-        assert_eq!(t.events.len(), xe.len(), "{}", t.name);
-        for (e, x) in t.events.iter().zip(xe) {
-            let kind = match e.kind {
-                EventKind::Alloc => "alloc",
-                EventKind::Free => "free",
-            };
-            assert_eq!(kind, x["kind"].as_str().unwrap());
-            assert_eq!(e.t_us, x["t_us"].as_u64().unwrap());
-            assert_eq!(e.addr, x["addr"].as_u64().unwrap());
-            assert_eq!(e.size, x["size"].as_u64().unwrap());
-            assert_eq!(e.stream, x["stream"].as_u64().unwrap());
-            assert_eq!(e.site, x["site"].as_u64().unwrap(), "site of {e:?}");
-        }
-    }
+    assert_events_match(&traces, SNAPSHOT_SMALL_JSON);
     // Sites differ by frames, and only the top 8 frames count (checked against python above).
     assert_ne!(traces[0].events[0].site, traces[0].events[3].site);
 
