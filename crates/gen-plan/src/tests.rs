@@ -162,7 +162,10 @@ fn a_training_loop_is_planned_and_served_from_its_plan() {
 }
 
 #[test]
-#[cfg_attr(miri, ignore = "long under Miri; the same code paths run in the other tests")]
+#[cfg_attr(
+    miri,
+    ignore = "long under Miri; the same code paths run in the other tests"
+)]
 fn a_shape_change_is_served_elsewhere_and_a_new_regime_is_replanned() {
     let mut o = Owner::new(PlanConfig {
         confirm: 256,
@@ -210,7 +213,10 @@ fn a_block_that_outlives_its_recording_is_not_overwritten() {
 }
 
 #[test]
-#[cfg_attr(miri, ignore = "long under Miri; the same code paths run in the other tests")]
+#[cfg_attr(
+    miri,
+    ignore = "long under Miri; the same code paths run in the other tests"
+)]
 fn an_aperiodic_sequence_is_never_planned() {
     let mut o = Owner::new(PlanConfig {
         confirm: 256,
