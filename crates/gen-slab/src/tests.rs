@@ -23,10 +23,15 @@ fn fixture(cfg: SlabConfig) -> Fixture {
     Fixture { dev, pool, slab }
 }
 
+/// Under Miri fewer classes (powers of two), smaller spans and slot tables: `Slab::new` builds every
+/// class's per-slot state slot by slot, which Miri runs thousands of times slower. 16 MiB still holds the
+/// 3000 4 KiB blocks of the reclaim test, and 4096 slots are one chunk of the 512 B class.
 fn small_cfg() -> SlabConfig {
+    let miri = cfg!(miri);
     SlabConfig {
-        class_span: 64 * MIB,
-        max_slots_per_class: 1 << 14,
+        classes_per_doubling: if miri { 1 } else { 4 },
+        class_span: if miri { 16 * MIB } else { 64 * MIB },
+        max_slots_per_class: if miri { 4096 } else { 1 << 14 },
         ..SlabConfig::default()
     }
 }
@@ -179,22 +184,25 @@ fn class_full_is_reported() {
     };
     let f = fixture(cfg);
     let s = &f.slab;
+    // Under Miri a class with fewer slots: 64 KiB, 256 slots in its 16 MiB span.
+    let (size, capacity) = if cfg!(miri) {
+        (64 << 10, 256)
+    } else {
+        (512, 4096)
+    };
     let mut seen = HashSet::new();
-    for _ in 0..4096 {
-        assert!(seen.insert(s.alloc(512, 0, true).unwrap()));
+    for _ in 0..capacity {
+        assert!(seen.insert(s.alloc(size, 0, true).unwrap()));
     }
     assert!(matches!(
-        s.alloc(512, 0, true),
-        Err(SlabError::ClassFull {
-            class_size: 512,
-            capacity: 4096
-        })
+        s.alloc(size, 0, true),
+        Err(SlabError::ClassFull { class_size, capacity: c }) if class_size == size && c == capacity
     ));
     // Another class is unaffected.
     s.alloc(1024, 0, true).unwrap();
     let p = *seen.iter().next().unwrap();
     s.free(p, 0).unwrap();
-    assert_eq!(s.alloc(512, 0, true).unwrap(), p);
+    assert_eq!(s.alloc(size, 0, true).unwrap(), p);
 }
 
 #[test]
@@ -203,8 +211,14 @@ fn a_single_stream_never_records_events() {
     let s = &f.slab;
     let before = f.dev.calls();
     let mut live = Vec::new();
-    for i in 0..2000u64 {
-        live.push(s.alloc(512 + (i * 977) % (256 << 10), 5, true).unwrap());
+    // Under Miri fewer and smaller blocks (its classes have fewer slots: see `small_cfg`).
+    let (n, spread) = if cfg!(miri) {
+        (200, 64 << 10)
+    } else {
+        (2000, 256 << 10)
+    };
+    for i in 0..n {
+        live.push(s.alloc(512 + (i * 977) % spread, 5, true).unwrap());
         if i % 3 == 0 {
             let p = live.swap_remove((i as usize * 7) % live.len());
             s.free(p, 5).unwrap();
@@ -362,8 +376,15 @@ fn streams_beyond_the_table_take_the_overflow_path() {
 fn reclaim_returns_empty_chunks_and_keeps_partial_ones() {
     let f = fixture(small_cfg());
     let s = &f.slab;
-    // 4 KiB class: 512 slots per 2 MiB chunk; 3000 blocks = 6 chunks.
-    let ptrs: Vec<_> = (0..3000).map(|_| s.alloc(4096, 0, true).unwrap()).collect();
+    // 4 KiB class: 512 slots per 2 MiB chunk; 3000 blocks = 6 chunks. Under Miri 64 KiB blocks, 32 a
+    // chunk, 188 blocks = 6 chunks.
+    let (size, per_chunk) = if cfg!(miri) {
+        (64 << 10, 32)
+    } else {
+        (4096, 512)
+    };
+    let n = 5 * per_chunk + per_chunk * 7 / 8;
+    let ptrs: Vec<_> = (0..n).map(|_| s.alloc(size, 0, true).unwrap()).collect();
     assert_eq!(s.stats().committed_bytes, 12 * MIB);
     assert_eq!(f.pool.stats().pages_in_use, 6);
     // Keep one block alive in the first chunk.
@@ -381,14 +402,16 @@ fn reclaim_returns_empty_chunks_and_keeps_partial_ones() {
         (st.chunks_committed, st.committed_bytes, st.live_blocks),
         (1, 2 * MIB, 1)
     );
-    assert_eq!(st.free_blocks, 511);
+    assert_eq!(st.free_blocks, per_chunk - 1);
     assert_eq!(f.pool.stats().pages_in_use, 1);
     // Nothing left to reclaim; no further synchronize needed.
     assert_eq!(s.reclaim().unwrap(), 0);
     // Reuse: the free slots of the kept chunk first, then released chunks are recommitted.
-    let again: Vec<_> = (0..1000).map(|_| s.alloc(4096, 0, true).unwrap()).collect();
+    // Two chunks' worth but 24.
+    let m = 2 * per_chunk - 24;
+    let again: Vec<_> = (0..m).map(|_| s.alloc(size, 0, true).unwrap()).collect();
     let set: HashSet<_> = again.iter().copied().chain([keep]).collect();
-    assert_eq!(set.len(), 1001);
+    assert_eq!(set.len(), m as usize + 1);
     assert_eq!(s.stats().committed_bytes, 4 * MIB);
     for p in again.into_iter().chain([keep]) {
         s.free(p, 0).unwrap();
@@ -444,13 +467,14 @@ fn stress_threads_alloc_here_free_there() {
     // release build, where the threads interleave differently.
     let f = fixture(SlabConfig {
         max_size: 64 << 10,
-        class_span: 256 * MIB,
+        // Under Miri 100 steps per thread: 64 MiB is 1024 slots of the largest class.
+        class_span: if cfg!(miri) { 64 * MIB } else { 256 * MIB },
         ..small_cfg()
     });
     let slab = Arc::new(f.slab);
     let t1 = f.dev.stream_create().unwrap();
     let threads = 4;
-    let iters = if cfg!(miri) { 200 } else { 20_000 };
+    let iters = if cfg!(miri) { 100 } else { 20_000 };
     let held = Arc::new(parking_lot::Mutex::new(HashSet::new()));
     let (txs, rxs): (Vec<_>, Vec<_>) = (0..threads).map(|_| mpsc::channel::<u64>()).unzip();
     let handles: Vec<_> = rxs
