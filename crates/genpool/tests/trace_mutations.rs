@@ -277,10 +277,11 @@ impl Builder<'_> {
     }
 }
 
-/// The mutated slice: the blocks live at its start allocated first, then its events. An allocation at
+/// The mutated slice: the blocks live at its start allocated first (returned: how many), then its
+/// events. An allocation at
 /// slice position `p` sorts at key `2p`, a free at `2(p + d) + 1` with `d` within the window (never
 /// before its allocation's key); the sort is stable.
-fn build_ops(l: &Loaded, c: &Case) -> Vec<Op> {
+fn build_ops(l: &Loaded, c: &Case) -> (Vec<Op>, usize) {
     let ev = &l.trace.events;
     let start = c.start as usize % ev.len();
     let end = (start + c.len).min(ev.len());
@@ -298,6 +299,7 @@ fn build_ops(l: &Loaded, c: &Case) -> Vec<Op> {
             b.alloc(i, e, i64::MIN);
         }
     }
+    let initial = b.blocks.len();
     for (i, e) in ev.iter().enumerate().take(end).skip(start) {
         let p = (i - start) as i64;
         match e.kind {
@@ -307,7 +309,7 @@ fn build_ops(l: &Loaded, c: &Case) -> Vec<Op> {
     }
     let mut ops = b.ops;
     ops.sort_by_key(|&(k, _)| k);
-    ops.into_iter().map(|(_, o)| o).collect()
+    (ops.into_iter().map(|(_, o)| o).collect(), initial)
 }
 
 /// Peak of the live bytes the ops ask for (before rounding).
@@ -546,11 +548,14 @@ impl Harness {
 /// Replays one case; returns the engine operations it ran.
 fn run_case(all: &[Loaded], c: &Case, backed: bool) -> Result<u64, TestCaseError> {
     let l = &all[c.trace];
-    let ops = build_ops(l, c);
+    let (ops, initial) = build_ops(l, c);
     let capacity = peak_bytes(&ops).saturating_mul(4).saturating_add(16 * GIB);
     let mut h = Harness::new(CONFS[c.conf], capacity, backed)?;
-    let mut marked = false;
     for (n, op) in ops.iter().enumerate() {
+        if n == initial {
+            // The slice proper starts: an iteration boundary, as a replay pass has.
+            h.pool.mark_iteration();
+        }
         match *op {
             Op::Alloc {
                 id,
@@ -558,14 +563,7 @@ fn run_case(all: &[Loaded], c: &Case, backed: bool) -> Result<u64, TestCaseError
                 stream,
                 site,
             } => h.alloc(id, size, stream, site)?,
-            Op::Free { id, stream } => {
-                if !marked {
-                    // The slice proper starts: an iteration boundary, as a replay pass has.
-                    h.pool.mark_iteration();
-                    marked = true;
-                }
-                h.free(id, stream)?
-            }
+            Op::Free { id, stream } => h.free(id, stream)?,
         }
         h.check(n % FULL_CHECK == 0)?;
     }
@@ -611,6 +609,94 @@ fn run(name: &str, traces: std::ops::Range<usize>, confs: usize, backed: bool, c
     );
     if let Err(e) = res {
         panic!("{name}: {e}");
+    }
+}
+
+/// The mutations keep to their rules: every block is allocated once and freed at most once, never
+/// before its allocation; scaled sizes stay within ×0.5..×2 of the trace's (at least 1 byte); streams
+/// are among the three; with no mutation the slice replays the trace's own order and sizes.
+#[test]
+fn mutations_keep_to_their_rules() {
+    let all = match traces() {
+        Ok(t) => t,
+        Err(why) => {
+            eprintln!("mutations_keep_to_their_rules: skipped: {why}");
+            return;
+        }
+    };
+    let plain = Case {
+        trace: 1,
+        start: 7_000,
+        len: 3_000,
+        conf: 0,
+        scale_pct: 0,
+        window: 0,
+        streams: 1,
+        cross_pct: 0,
+        sites: true,
+        seed: 42,
+    };
+    let l = &all[plain.trace];
+    let (ops, initial) = build_ops(l, &plain);
+    let ev = &l.trace.events[7_000..10_000];
+    // Unmutated: after the blocks live at the start, exactly the slice's events with their sizes.
+    assert_eq!(ops.len() - initial, ev.len());
+    for (op, e) in ops[initial..].iter().zip(ev) {
+        match (*op, e.kind) {
+            (Op::Alloc { size, stream, .. }, EventKind::Alloc) => {
+                assert_eq!((size, stream), (e.size, 0))
+            }
+            (Op::Free { stream, .. }, EventKind::Free) => assert_eq!(stream, 0),
+            (op, kind) => panic!("{op:?} where the trace has {kind:?}"),
+        }
+    }
+    let sizes = |ops: &[Op]| -> Vec<u64> {
+        ops.iter()
+            .filter_map(|o| match *o {
+                Op::Alloc { size, .. } => Some(size),
+                Op::Free { .. } => None,
+            })
+            .collect()
+    };
+    for seed in 0..8 {
+        let c = Case {
+            scale_pct: 100,
+            window: 64,
+            streams: 3,
+            cross_pct: 50,
+            seed,
+            ..plain
+        };
+        let (mutated, m_initial) = build_ops(l, &c);
+        assert_eq!(m_initial, initial);
+        assert_eq!(mutated.len(), ops.len());
+        // Allocations keep their order: compare sizes pairwise.
+        let mut scaled = 0;
+        for (&a, &b) in sizes(&ops).iter().zip(&sizes(&mutated)) {
+            assert!(b >= 1 && b >= a / 2 && b <= 2 * a, "{a} scaled to {b}");
+            scaled += usize::from(a != b);
+        }
+        assert!(scaled > 0);
+        let mut state: HashMap<u32, bool> = HashMap::new();
+        let mut moved = 0;
+        for (k, o) in mutated.iter().enumerate() {
+            match *o {
+                Op::Alloc { id, stream, .. } => {
+                    assert!(stream < 3);
+                    assert!(state.insert(id, true).is_none(), "#{id} allocated twice");
+                }
+                Op::Free { id, stream } => {
+                    assert!(stream < 3);
+                    assert_eq!(
+                        state.insert(id, false),
+                        Some(true),
+                        "#{id} not live at its free"
+                    );
+                    moved += usize::from(!matches!(ops[k], Op::Free { id: j, .. } if j == id));
+                }
+            }
+        }
+        assert!(moved > 0, "a window of 64 moves some frees");
     }
 }
 
