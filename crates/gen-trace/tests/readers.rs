@@ -66,6 +66,10 @@ fn assert_events_match(traces: &[Trace], expected_json: &str) {
 /// 1.2.0 read every shared object after its first use as `None` (vendor/serde-pickle/GENPOOL_PATCH.md):
 /// every stack after the first was lost. With the fix, every site equals Python's.
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "a minute under Miri; the same reader code runs on the small fixture there"
+)]
 fn a_real_pytorch_snapshot_reads_as_python_reads_it() {
     let traces = load_fixture("snapshot_torch211.pickle", SNAPSHOT_TORCH).unwrap();
     assert_events_match(&traces, SNAPSHOT_TORCH_JSON);
