@@ -263,12 +263,7 @@ impl Planner {
     /// Fingerprint of the `window` sizes ending at `seq` (which must be in the history).
     fn fingerprint(&self, seq: u64) -> u64 {
         let w = self.cfg.window as u64;
-        let mut h = 0xcbf2_9ce4_8422_2325u64;
-        for s in seq + 1 - w..=seq {
-            h = (h ^ self.size_at(s)).wrapping_mul(0x0000_0100_0000_01b3);
-            h ^= h >> 29;
-        }
-        h
+        window_hash((seq + 1 - w..=seq).map(|s| self.size_at(s)))
     }
 
     /// One allocation of `size` bytes (already rounded as its owner rounds). Returns where to serve it.
@@ -443,12 +438,12 @@ impl Planner {
         let mut dup = std::collections::HashSet::new();
         let w = self.cfg.window as u64;
         for x in 0..p {
-            let mut h = 0xcbf2_9ce4_8422_2325u64;
-            for k in (0..w).rev() {
-                let pos = (x + p * w - k) % p;
-                h = (h ^ rec.sizes[pos as usize]).wrapping_mul(0x0000_0100_0000_01b3);
-                h ^= h >> 29;
-            }
+            // The window ending at position x, wrapping around the period, oldest first — as at run time.
+            let h = window_hash(
+                (0..w)
+                    .rev()
+                    .map(|k| rec.sizes[((x + p * w - k) % p) as usize]),
+            );
             if by_fingerprint.insert(h, x).is_some() {
                 dup.insert(h);
             }
@@ -482,8 +477,8 @@ impl Planner {
         });
     }
 
-    /// The footprint to map when a ready plan has reached its activation point (the next allocation is
-    /// at the plan's phase); then call [`activate`](Self::activate) or [`reject`](Self::reject).
+    /// The footprint of a ready plan that has reached its activation point (the next allocation is at the
+    /// plan's phase); the owner then calls [`activate`](Self::activate).
     pub fn wants_activation(&self) -> Option<u64> {
         self.plan
             .as_ref()
@@ -491,23 +486,11 @@ impl Planner {
             .map(|p| p.footprint)
     }
 
-    /// The owner mapped the footprint: serve from the plan from the next allocation on.
+    /// Serve from the ready plan from the next allocation on.
     pub fn activate(&mut self) {
         if let Some(p) = self.plan.as_mut().filter(|p| p.status == Status::Ready) {
             p.status = Status::Active;
             self.stats.activations += 1;
-        }
-    }
-
-    /// The owner could not map the footprint: drop the plan (detection starts again later).
-    pub fn reject(&mut self) {
-        if self
-            .plan
-            .as_ref()
-            .is_some_and(|p| p.status == Status::Ready)
-        {
-            self.plan = None;
-            self.floor = self.cfg.min_period;
         }
     }
 
@@ -546,13 +529,6 @@ impl Planner {
         })
     }
 
-    /// Whether a plan's range is in use (ready, active or draining).
-    pub fn holds_range(&self) -> bool {
-        self.plan
-            .as_ref()
-            .is_some_and(|p| p.status != Status::Ready)
-    }
-
     /// A block with `ticket` was freed. Returns true when the owner should release the plan's range now
     /// (the plan was dropped and this was its last live block).
     pub fn on_free(&mut self, ticket: Ticket) -> bool {
@@ -581,6 +557,15 @@ impl Planner {
         }
         false
     }
+}
+
+/// The hash of a window of sizes (oldest first) that identifies a position in the sequence: FNV-1a's
+/// constants, with a shift so that high bits reach the low ones.
+fn window_hash(sizes: impl Iterator<Item = u64>) -> u64 {
+    sizes.fold(0xcbf2_9ce4_8422_2325u64, |h, size| {
+        let h = (h ^ size).wrapping_mul(0x0000_0100_0000_01b3);
+        h ^ (h >> 29)
+    })
 }
 
 impl Plan {
