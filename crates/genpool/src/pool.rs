@@ -156,27 +156,44 @@ impl PlanInner {
             self.tally.pages()
         }
     }
+
+    /// `plan_pin`: give every pinned page of `region` back to the page pool.
+    fn unpin(&mut self, region: &Region) {
+        let page = region.pool().page_size();
+        if let Some(bits) = self.pinned.as_mut() {
+            for (w, word) in bits.iter_mut().enumerate() {
+                let taken = std::mem::take(word);
+                for b in 0..64 {
+                    if taken & (1 << b) != 0 {
+                        region.decommit((w as u64 * 64 + b) * page, page);
+                    }
+                }
+            }
+            self.pinned_pages = 0;
+        }
+    }
+
+    /// Hand a planned slot back to the planner (it will not be used), releasing pinned pages when that
+    /// was the last block of a dropped plan; the block goes to the tiers.
+    fn give_back(&mut self, region: &Region, ticket: Ticket) -> Decision {
+        if self.planner.on_free(ticket) {
+            self.unpin(region);
+        }
+        Decision::Unplanned {
+            ticket: Ticket::NONE,
+        }
+    }
 }
 
 impl Drop for PlanTier {
     fn drop(&mut self) {
         // The engine is going away: drop the plan's page references so the region unmaps cleanly.
-        let page = self.region.pool().page_size();
         let g = self.inner.get_mut();
-        match &g.pinned {
-            Some(bits) => {
-                for (w, &word) in bits.iter().enumerate() {
-                    for b in 0..64 {
-                        if word & (1 << b) != 0 {
-                            self.region.decommit((w as u64 * 64 + b) * page, page);
-                        }
-                    }
-                }
-            }
-            None => {
-                for (off, len) in g.planner.live_ranges() {
-                    self.region.decommit(off, len);
-                }
+        if g.pinned.is_some() {
+            g.unpin(&self.region);
+        } else {
+            for (off, len) in g.planner.live_ranges() {
+                self.region.decommit(off, len);
             }
         }
     }
@@ -630,20 +647,13 @@ impl Pool {
         let mut g = pt.inner.lock();
         let d = g.planner.on_alloc(size);
         if g.planner.take_release() {
-            self.unpin_plan(pt, &mut g);
+            g.unpin(&pt.region);
         }
         if g.planner.wants_activation().is_some() {
             g.planner.activate();
         }
         match d {
-            Decision::Planned { ticket, .. } if burst => {
-                if g.planner.on_free(ticket) {
-                    self.unpin_plan(pt, &mut g);
-                }
-                Decision::Unplanned {
-                    ticket: Ticket::NONE,
-                }
-            }
+            Decision::Planned { ticket, .. } if burst => g.give_back(&pt.region, ticket),
             Decision::Planned { offset, ticket } => {
                 let mapped = if g.pinned.is_some() {
                     self.pin(pt, &mut g, offset, size)
@@ -661,12 +671,7 @@ impl Pool {
                         // No page for it now: give the slot back; the tiers' out-of-memory path takes
                         // over.
                         log::debug!("genpool: planned slot not mapped: {e}");
-                        if g.planner.on_free(ticket) {
-                            self.unpin_plan(pt, &mut g);
-                        }
-                        Decision::Unplanned {
-                            ticket: Ticket::NONE,
-                        }
+                        g.give_back(&pt.region, ticket)
                     }
                 }
             }
@@ -708,22 +713,6 @@ impl Pool {
         Ok(())
     }
 
-    /// `plan_pin`: give every pinned page back to the page pool (no planned block is live).
-    fn unpin_plan(&self, pt: &PlanTier, g: &mut PlanInner) {
-        let page = self.pages.page_size();
-        if let Some(bits) = g.pinned.as_mut() {
-            for (w, word) in bits.iter_mut().enumerate() {
-                let taken = std::mem::take(word);
-                for b in 0..64 {
-                    if taken & (1 << b) != 0 {
-                        pt.region.decommit((w as u64 * 64 + b) * page, page);
-                    }
-                }
-            }
-            g.pinned_pages = 0;
-        }
-    }
-
     /// Tell the planner a block it tracks is gone; a planned block's pages are decommitted.
     fn plan_free(&self, ticket: Ticket, range: Option<(u64, u64)>) {
         if !ticket.is_tracked() {
@@ -737,7 +726,7 @@ impl Pool {
                 g.tally.remove(off, size);
             }
             if g.planner.on_free(ticket) {
-                self.unpin_plan(pt, &mut g);
+                g.unpin(&pt.region);
             }
         }
     }
@@ -748,7 +737,7 @@ impl Pool {
         if let Some(pt) = &self.plan {
             let mut g = pt.inner.lock();
             if g.planner.deactivate() {
-                self.unpin_plan(pt, &mut g);
+                g.unpin(&pt.region);
             }
         }
     }
