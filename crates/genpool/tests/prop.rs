@@ -25,6 +25,8 @@
 //! The number of engine operations is printed at the end of each test (`eprintln!`). `PROPTEST_CASES`
 //! scales the number of programs; a release build runs longer programs than a debug one.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -656,26 +658,10 @@ impl Harness {
         }
         self.check()?;
         self.ops += 1;
-        self.pool.trim();
-        prop_assert_eq!(self.pool.allocated(), 0);
-        prop_assert_eq!(self.pool.live_blocks(), 0);
-        prop_assert_eq!(
-            self.pool.reserved_now(),
-            0,
-            "engine holds memory after free all + trim"
-        );
-        prop_assert_eq!(
-            self.dev.reserved().current,
-            0,
-            "device memory held after free all + trim"
-        );
+        common::trim_and_assert_nothing_held(&self.pool, &self.dev)?;
         for e in self.events {
             self.dev.event_destroy(e).map_err(|e| fail(e.to_string()))?;
         }
-        let out = self.dev.outstanding();
-        prop_assert_eq!(out.phys_handles, 0);
-        prop_assert_eq!(out.mappings, 0);
-        prop_assert_eq!(out.pool_live_blocks, 0);
         Ok(Counts {
             ops: self.ops,
             ooms: self.ooms,

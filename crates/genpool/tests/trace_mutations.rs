@@ -28,6 +28,8 @@
 //! mutation strengths, configuration) to a minimal case; `PROPTEST_CASES` overrides the number of cases.
 //! Without the traces the tests print why and pass.
 
+mod common;
+
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -525,22 +527,7 @@ impl Harness {
         }
         self.check(true)?;
         self.ops += 1;
-        self.pool.trim();
-        prop_assert_eq!(self.pool.allocated(), 0);
-        prop_assert_eq!(
-            self.pool.reserved_now(),
-            0,
-            "engine holds memory after free all + trim"
-        );
-        prop_assert_eq!(
-            self.dev.reserved().current,
-            0,
-            "device memory held after free all + trim"
-        );
-        let out = self.dev.outstanding();
-        prop_assert_eq!(out.phys_handles, 0);
-        prop_assert_eq!(out.mappings, 0);
-        prop_assert_eq!(out.pool_live_blocks, 0);
+        common::trim_and_assert_nothing_held(&self.pool, &self.dev)?;
         Ok(self.ops)
     }
 }
