@@ -22,14 +22,30 @@
 //! Callers that cache freed blocks (and so keep their pages referenced) commit with `grow = false` first:
 //! [`VmmError::WouldGrow`] tells them to give their caches back before the pool grows.
 //!
-//! Stealing unmaps memory another stream may still be using for a block freed moments ago, so a steal first
-//! synchronizes the device once per commit (rare: only when the layout changes under memory pressure).
+//! # Moving a page without stopping the device
+//!
+//! A free-mapped page may still be in use by work queued before its last block was freed, so it cannot
+//! simply be unmapped. The pool tells three cases apart, none of which blocks the host on the device in
+//! the common case:
+//!
+//! - **cold**: a *fence* (an event) recorded after the page became free has completed — no queued work
+//!   can touch it: unmap, map at the new address.
+//! - **warm, one stream** (the engine has seen a single stream, [`PagePool::set_fence_stream`]): the
+//!   page's physical memory is *aliased* — mapped at the new address while the old mapping stays until a
+//!   fence recorded after the move completes ([`PagePoolStats::aliases`]). Work on the new address is
+//!   queued after the old work on the same stream, so stream order keeps the two apart; the old mapping
+//!   (a *zombie*: mapped, no longer the page's) is unmapped later, when the fence says it is idle.
+//! - **warm, several streams**: the device is synchronized once per commit, as before
+//!   ([`PagePoolStats::syncs`]).
+//!
+//! So in single-stream training a page move costs a map now and an unmap later, never a device
+//! synchronize.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::fmt;
 use std::sync::Arc;
 
-use gen_device::{Device, DeviceError, DevicePtr, PhysHandle};
+use gen_device::{Device, DeviceError, DevicePtr, EventHandle, PhysHandle, StreamId};
 
 mod tally;
 use parking_lot::Mutex;
@@ -117,6 +133,15 @@ pub struct PagePoolStats {
     pub unmaps: u64,
     /// Pages moved from one address to another.
     pub steals: u64,
+    /// Of the moves, those that aliased a page still possibly in use (mapped at the new address, the old
+    /// mapping unmapped once a fence completes) instead of synchronizing the device.
+    pub aliases: u64,
+    /// Device synchronizations done to move pages (several streams, or a zombie mapping in the way).
+    pub syncs: u64,
+    /// Fences (events) recorded to learn when freed pages and old mappings are idle.
+    pub fences: u64,
+    /// Old mappings left behind by aliasing moves and not unmapped yet.
+    pub zombies: u64,
     /// Pages revived in place with no driver call.
     pub revivals: u64,
     /// Pages given back to the driver.
@@ -138,6 +163,12 @@ impl PagePoolStats {
 struct Page {
     refs: u32,
     handle: Option<PhysHandle>,
+    /// The fence epoch in force when the page last became free (see [`Inner::epoch`]).
+    freed_epoch: u64,
+    /// `Some(epoch)`: the address still maps a physical page that an aliasing move gave to another
+    /// address (a zombie mapping); it is unmapped once a fence of `epoch` or later completes. The page
+    /// has no handle of its own meanwhile.
+    zombie: Option<u64>,
 }
 
 struct RegionPages {
@@ -153,7 +184,26 @@ struct Inner {
     free_mapped: BTreeSet<(u32, u32)>,
     free_handles: Vec<PhysHandle>,
     stats: PagePoolStats,
+    /// The one stream all work runs on, when the caller says so: fences are recorded there, and warm
+    /// pages move by aliasing. `None`: several streams (or unknown); warm pages move after a synchronize.
+    fence_stream: Option<StreamId>,
+    /// Epoch of the next fence. A page freed now is stamped with it; it is cold once that fence (or a
+    /// later one) has completed.
+    epoch: u64,
+    /// Pages stamped with an epoch `< done_epoch` are cold: their last users are complete.
+    done_epoch: u64,
+    /// Recorded fences not yet seen complete, oldest first: (epoch, event).
+    fences: VecDeque<(u64, EventHandle)>,
+    /// Events to reuse for fences.
+    spare_events: Vec<EventHandle>,
+    /// Zombie mappings in the order they were made: (epoch, region, page). Entries whose page is no
+    /// longer a zombie of that epoch are skipped.
+    zombies: VecDeque<(u64, u32, u32)>,
 }
+
+/// Fences kept outstanding at most; past this the oldest is waited for (bounds the queue when the device
+/// lags far behind).
+const MAX_FENCES: usize = 256;
 
 /// One device's cache of physical pages, shared by every [`Region`] on it. See the crate docs.
 pub struct PagePool {
@@ -192,6 +242,12 @@ impl PagePool {
                     page_size: page,
                     ..Default::default()
                 },
+                fence_stream: None,
+                epoch: 1,
+                done_epoch: 0,
+                fences: VecDeque::new(),
+                spare_events: Vec::new(),
+                zombies: VecDeque::new(),
             }),
         }))
     }
@@ -224,11 +280,13 @@ impl PagePool {
     /// (a free-mapped page may still be in use by work queued before its block was freed). Returns bytes.
     pub fn release_unused(&self) -> Result<u64, VmmError> {
         let mut g = self.inner.lock();
-        if g.free_mapped.is_empty() && g.free_handles.is_empty() {
+        if g.free_mapped.is_empty() && g.free_handles.is_empty() && g.zombies.is_empty() {
             return Ok(0);
         }
-        if !g.free_mapped.is_empty() {
+        if !g.free_mapped.is_empty() || !g.zombies.is_empty() {
             self.device.synchronize()?;
+            self.all_complete(&mut g);
+            self.reap_zombies(&mut g)?;
         }
         let mut released = 0u64;
         while let Some((rid, pidx)) = pop_free_mapped(&mut g) {
@@ -245,6 +303,172 @@ impl PagePool {
             released += self.page;
         }
         Ok(released)
+    }
+
+    /// Say which stream all device work using this pool's pages runs on (`Some`), or that there may be
+    /// several (`None`). With one stream, pages still in use by queued work move without a device
+    /// synchronize (see the crate docs). Switching from `Some` to `None` must follow a device
+    /// synchronize and [`PagePool::synchronized`], so that nothing moved by aliasing is still pending.
+    pub fn set_fence_stream(&self, stream: Option<StreamId>) {
+        let mut g = self.inner.lock();
+        if g.fence_stream != stream {
+            // Fences recorded on the old stream still complete; they simply cover less from now on.
+            g.fence_stream = stream;
+        }
+    }
+
+    /// Tell the pool the device has just been synchronized: every page freed so far is idle, and old
+    /// mappings left by aliasing moves can go.
+    pub fn synchronized(&self) {
+        let mut g = self.inner.lock();
+        self.all_complete(&mut g);
+        if let Err(e) = self.reap_zombies(&mut g) {
+            log::error!("gen-vmm: unmapping old mappings after a synchronize: {e}");
+        }
+    }
+
+    /// Everything queued so far is complete (the caller synchronized the device).
+    fn all_complete(&self, g: &mut Inner) {
+        g.done_epoch = g.epoch + 1;
+        g.epoch += 1;
+        while let Some((_, ev)) = g.fences.pop_front() {
+            g.spare_events.push(ev);
+        }
+    }
+
+    /// Learn which fences have completed (one `event_query` per fence, oldest first, stopping at the first
+    /// pending one).
+    fn poll_fences(&self, g: &mut Inner) {
+        while let Some(&(epoch, ev)) = g.fences.front() {
+            match self.device.event_query(ev) {
+                Ok(true) => {
+                    g.fences.pop_front();
+                    g.spare_events.push(ev);
+                    g.done_epoch = g.done_epoch.max(epoch + 1);
+                }
+                Ok(false) => break,
+                Err(e) => {
+                    // A fence that cannot be queried is treated as pending; a synchronize clears it.
+                    log::debug!("gen-vmm: querying a fence: {e}");
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Record a fence on the fence stream covering everything queued so far. Returns false when there is
+    /// no fence stream or recording failed (the caller then synchronizes instead).
+    fn record_fence(&self, g: &mut Inner) -> bool {
+        let Some(stream) = g.fence_stream else {
+            return false;
+        };
+        if g.fences.len() >= MAX_FENCES {
+            let (epoch, ev) = g.fences.pop_front().expect("non-empty");
+            if let Err(e) = self.device.event_synchronize(ev) {
+                log::debug!("gen-vmm: waiting for the oldest fence: {e}");
+                g.fences.push_front((epoch, ev));
+                return false;
+            }
+            g.spare_events.push(ev);
+            g.done_epoch = g.done_epoch.max(epoch + 1);
+        }
+        let ev = match g.spare_events.pop() {
+            Some(ev) => ev,
+            None => match self.device.event_create() {
+                Ok(ev) => ev,
+                Err(e) => {
+                    log::debug!("gen-vmm: creating a fence event: {e}");
+                    return false;
+                }
+            },
+        };
+        if let Err(e) = self.device.event_record(ev, stream) {
+            log::debug!("gen-vmm: recording a fence on stream {stream:#x}: {e}");
+            g.spare_events.push(ev);
+            return false;
+        }
+        let epoch = g.epoch;
+        g.fences.push_back((epoch, ev));
+        g.epoch += 1;
+        g.stats.fences += 1;
+        true
+    }
+
+    /// Synchronize the device (once per commit: `synced`) and mark everything idle.
+    fn sync_all(&self, g: &mut Inner, synced: &mut bool) -> Result<(), VmmError> {
+        if !*synced {
+            self.device.synchronize()?;
+            g.stats.syncs += 1;
+            *synced = true;
+            self.all_complete(g);
+        }
+        Ok(())
+    }
+
+    /// Unmap the zombie mappings whose fence has completed.
+    fn reap_zombies(&self, g: &mut Inner) -> Result<(), VmmError> {
+        while let Some(&(epoch, rid, pidx)) = g.zombies.front() {
+            if epoch >= g.done_epoch {
+                break;
+            }
+            g.zombies.pop_front();
+            self.unmap_zombie(g, rid, pidx, epoch)?;
+        }
+        Ok(())
+    }
+
+    /// Unmap the zombie mapping of `(rid, pidx)` if it is still the zombie of `epoch`.
+    fn unmap_zombie(&self, g: &mut Inner, rid: u32, pidx: u32, epoch: u64) -> Result<(), VmmError> {
+        let Some(r) = g.regions.get_mut(rid as usize).and_then(Option::as_mut) else {
+            return Ok(());
+        };
+        let p = &mut r.pages[pidx as usize];
+        if p.zombie != Some(epoch) {
+            return Ok(());
+        }
+        let va = r.base + pidx as u64 * self.page;
+        self.device.unmap(va, self.page)?;
+        p.zombie = None;
+        g.stats.unmaps += 1;
+        g.stats.zombies -= 1;
+        Ok(())
+    }
+
+    /// Make the zombie mapping under `(rid, pidx)` go now: waits for its fence (recording one first if
+    /// none covers it yet), or synchronizes the device.
+    fn clear_zombie(
+        &self,
+        g: &mut Inner,
+        rid: u32,
+        pidx: u32,
+        synced: &mut bool,
+    ) -> Result<(), VmmError> {
+        let epoch = {
+            let r = g.regions[rid as usize].as_ref().expect("registered region");
+            match r.pages[pidx as usize].zombie {
+                Some(e) => e,
+                None => return Ok(()),
+            }
+        };
+        self.poll_fences(g);
+        if epoch >= g.done_epoch {
+            if epoch >= g.epoch && !self.record_fence(g) {
+                self.sync_all(g, synced)?;
+            }
+            // Wait for the oldest fences up to the one covering this zombie.
+            while epoch >= g.done_epoch {
+                let Some(&(fe, ev)) = g.fences.front() else {
+                    self.sync_all(g, synced)?;
+                    break;
+                };
+                self.device.event_synchronize(ev)?;
+                g.fences.pop_front();
+                g.spare_events.push(ev);
+                g.done_epoch = g.done_epoch.max(fe + 1);
+                g.stats.syncs += 1;
+            }
+        }
+        self.unmap_zombie(g, rid, pidx, epoch)
     }
 
     fn register(&self, name: &'static str, base: DevicePtr, len: u64) -> u32 {
@@ -339,14 +563,41 @@ impl PagePool {
                 }
             }
         }
-        // Pass 2: back the rest.
+        // Pass 2: back the rest. First learn which fences completed and drop the old mappings they free.
+        if !unbacked.is_empty() && (!g.fences.is_empty() || !g.zombies.is_empty()) {
+            self.poll_fences(&mut g);
+            if let Err(e) = self.reap_zombies(&mut g) {
+                log::error!("gen-vmm: unmapping old mappings: {e}");
+            }
+        }
+        let aliases_before = g.stats.aliases;
+        let res = self.back_pages(&mut g, rid, first, last, &unbacked, grow, &mut synced);
+        if g.stats.aliases != aliases_before && !self.record_fence(&mut g) {
+            // No fence: the zombies wait for the next synchronize (release, region drop, or a commit that
+            // needs one of their addresses).
+            log::debug!("gen-vmm: no fence for the old mappings of this commit");
+        }
+        res
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn back_pages(
+        &self,
+        g: &mut Inner,
+        rid: u32,
+        first: u64,
+        last: u64,
+        unbacked: &[u32],
+        grow: bool,
+        synced: &mut bool,
+    ) -> Result<(), VmmError> {
         for (i, &pidx) in unbacked.iter().enumerate() {
-            if let Err(e) = self.back_page(&mut g, rid, pidx, grow, &mut synced) {
+            if let Err(e) = self.back_page(g, rid, pidx, grow, synced) {
                 // Roll back: every page of the range holds one reference from us, except unbacked[i..].
                 for q in first..=last {
                     let q32 = q as u32;
                     if !unbacked[i..].contains(&q32) {
-                        self.decommit_locked(&mut g, rid, q, q);
+                        self.decommit_locked(g, rid, q, q);
                     }
                 }
                 return Err(e);
@@ -369,6 +620,8 @@ impl PagePool {
             debug_assert!(r.pages[pidx as usize].handle.is_none());
             r.base + pidx as u64 * self.page
         };
+        // An old mapping left here by an aliasing move must go before a page can be mapped.
+        self.clear_zombie(g, rid, pidx, synced)?;
         // Within the headroom (and the limit), a new page is cheaper than moving one.
         let headroom = (g.stats.pages_in_use_peak as f64 * (1.0 + self.cfg.slack)).ceil() as u64;
         let under_limit = self
@@ -413,12 +666,34 @@ impl PagePool {
         let Some((orid, opidx)) = pop_free_mapped_excluding(g, rid, pidx) else {
             return Ok(None);
         };
-        if !*synced {
-            if let Err(e) = self.device.synchronize() {
-                g.free_mapped.insert((opidx, orid));
-                return Err(e.into());
+        let freed_epoch = {
+            let r = g.regions[orid as usize]
+                .as_ref()
+                .expect("registered region");
+            r.pages[opidx as usize].freed_epoch
+        };
+        if freed_epoch >= g.done_epoch {
+            if g.fence_stream.is_some() {
+                // Warm, one stream: alias. The physical page serves the new address from now on (stream
+                // order puts the new work after the old); the old mapping stays until a fence recorded
+                // after this commit completes.
+                let epoch = g.epoch;
+                let r = g.regions[orid as usize]
+                    .as_mut()
+                    .expect("registered region");
+                let p = &mut r.pages[opidx as usize];
+                let h = p.handle.take().expect("free-mapped page has a handle");
+                p.zombie = Some(epoch);
+                g.zombies.push_back((epoch, orid, opidx));
+                g.stats.zombies += 1;
+                g.stats.aliases += 1;
+                g.stats.steals += 1;
+                return Ok(Some(h));
             }
-            *synced = true;
+            if let Err(e) = self.sync_all(g, synced) {
+                g.free_mapped.insert((opidx, orid));
+                return Err(e);
+            }
         }
         match self.unmap_page(g, orid, opidx) {
             Ok(h) => {
@@ -483,6 +758,7 @@ impl PagePool {
             }
             p.refs -= 1;
             if p.refs == 0 {
+                p.freed_epoch = g.epoch;
                 g.stats.pages_in_use -= 1;
                 if !self.cfg.eager_unmap {
                     g.free_mapped.insert((pidx as u32, rid));
@@ -492,7 +768,10 @@ impl PagePool {
                         .device
                         .synchronize()
                         .map_err(VmmError::from)
-                        .and_then(|_| self.unmap_page(g, rid, pidx as u32));
+                        .and_then(|_| {
+                            self.all_complete(g);
+                            self.unmap_page(g, rid, pidx as u32)
+                        });
                     match res {
                         Ok(h) => g.free_handles.push(h),
                         Err(e) => {
@@ -514,11 +793,37 @@ impl PagePool {
         let mut first_err = None;
         let mut synced = false;
         for pidx in 0..n {
-            let r = g.regions[rid as usize].as_mut().expect("registered region");
-            let p = r.pages[pidx];
+            let p = g.regions[rid as usize]
+                .as_ref()
+                .expect("registered region")
+                .pages[pidx];
+            if p.zombie.is_some() {
+                // An old mapping left by an aliasing move: wait for its users, then unmap it.
+                if !synced {
+                    synced = true;
+                    match self.device.synchronize() {
+                        Ok(()) => self.all_complete(&mut g),
+                        Err(e) => {
+                            first_err.get_or_insert(VmmError::from(e));
+                        }
+                    }
+                }
+                match self.device.unmap(base + pidx as u64 * self.page, self.page) {
+                    Ok(()) => {
+                        g.stats.unmaps += 1;
+                        g.stats.zombies -= 1;
+                    }
+                    Err(e) => {
+                        first_err.get_or_insert(VmmError::from(e));
+                    }
+                }
+                let r = g.regions[rid as usize].as_mut().expect("registered region");
+                r.pages[pidx].zombie = None;
+            }
             if p.handle.is_none() {
                 continue;
             }
+            let r = g.regions[rid as usize].as_ref().expect("registered region");
             if p.refs > 0 {
                 log::error!(
                     "gen-vmm: region '{}' dropped with page {pidx} still referenced",
@@ -529,8 +834,11 @@ impl PagePool {
             }
             if !synced {
                 synced = true;
-                if let Err(e) = self.device.synchronize() {
-                    first_err.get_or_insert(VmmError::from(e));
+                match self.device.synchronize() {
+                    Ok(()) => self.all_complete(&mut g),
+                    Err(e) => {
+                        first_err.get_or_insert(VmmError::from(e));
+                    }
                 }
             }
             let r = g.regions[rid as usize].as_mut().expect("registered region");
@@ -551,6 +859,7 @@ impl PagePool {
         }
         g.regions[rid as usize] = None;
         g.free_mapped.retain(|&(_, r)| r != rid);
+        g.zombies.retain(|&(_, r, _)| r != rid);
         match first_err {
             Some(e) => Err(e),
             None => Ok(()),
@@ -561,6 +870,14 @@ impl PagePool {
 impl Drop for PagePool {
     fn drop(&mut self) {
         let g = self.inner.get_mut();
+        for (_, ev) in g.fences.drain(..) {
+            g.spare_events.push(ev);
+        }
+        for ev in g.spare_events.drain(..) {
+            if let Err(e) = self.device.event_destroy(ev) {
+                log::error!("gen-vmm: destroying a fence event at drop failed: {e}");
+            }
+        }
         for h in g.free_handles.drain(..) {
             if let Err(e) = self.device.phys_release(h) {
                 log::error!("gen-vmm: releasing a page at drop failed: {e}");

@@ -228,9 +228,13 @@ proptest! {
     /// Against a model: refcounts per page equal the number of live ranges touching it; pages held never
     /// exceed the model's peak of touched pages; everything returns when all ranges are decommitted.
     #[test]
-    fn page_model(ops in proptest::collection::vec(op(), 1..60)) {
+    fn page_model(ops in proptest::collection::vec(op(), 1..60), solo in any::<bool>()) {
         let dev = Arc::new(SimDevice::config().capacity(64 * MIB).build().unwrap());
         let pool = pool_with(&dev, PagePoolConfig::default());
+        if solo {
+            // Moves alias pages and unmap the old mappings once fences complete.
+            pool.set_fence_stream(Some(0));
+        }
         let regions = [Region::new(&pool, 72 * MIB, "a").unwrap(), Region::new(&pool, 72 * MIB, "b").unwrap()];
         let mut live: Vec<(usize, u64, u64)> = Vec::new();
         let mut peak_touched = 0u64;
@@ -275,8 +279,130 @@ proptest! {
         }
         prop_assert_eq!(pool.stats().pages_in_use, 0);
         pool.release_unused().unwrap();
-        prop_assert_eq!(pool.stats().pages_held, 0);
+        let s = pool.stats();
+        prop_assert_eq!((s.pages_held, s.zombies), (0, 0));
+        prop_assert_eq!(s.syncs, if solo { 0 } else { s.syncs }, "one stream never synchronizes to move a page");
+        drop(regions);
+        drop(pool);
+        let out = dev.outstanding();
+        prop_assert_eq!((out.mappings, out.phys_handles), (0, 0), "{:?}", out);
     }
+}
+
+/// One stream, its work still queued (the simulated stream is paused, so a synchronize would fail):
+/// a page freed moments ago moves to another address without any synchronize — mapped there while its
+/// old mapping stays — and the old mapping goes once a fence shows the stream's work done.
+#[test]
+fn one_stream_moves_a_busy_page_without_synchronizing() {
+    let dev = Arc::new(SimDevice::new());
+    let pool = pool_with(&dev, PagePoolConfig::default());
+    pool.set_fence_stream(Some(0));
+    let r = Region::new(&pool, 64 * MIB, "t").unwrap();
+    r.commit(0, 4 * MIB, true).unwrap(); // 2 pages
+    dev.pause_stream(0).unwrap();
+    r.decommit(0, 4 * MIB); // freed with (simulated) work still queued on stream 0
+    let before = dev.calls();
+    r.commit(32 * MIB, 4 * MIB, true).unwrap(); // needs 2 pages: both moved
+    let d = dev.calls().since(&before);
+    assert_eq!(d.get(CallKind::Synchronize), 0, "{d:?}");
+    assert_eq!((d.get(CallKind::Map), d.get(CallKind::Unmap)), (2, 0));
+    assert_eq!(d.get(CallKind::PhysCreate), 0);
+    let s = pool.stats();
+    assert_eq!((s.steals, s.aliases, s.zombies, s.pages_held), (2, 2, 2, 2));
+    assert!(s.fences >= 1);
+    // Still busy: another move finds the fence pending and leaves the old mappings alone.
+    r.decommit(32 * MIB, 4 * MIB);
+    r.commit(48 * MIB, 2 * MIB, true).unwrap();
+    assert_eq!(pool.stats().zombies, 3);
+    assert_eq!(dev.calls().since(&before).get(CallKind::Unmap), 0);
+    // The stream catches up: the next commit that maps a page unmaps the old mappings first.
+    dev.resume_stream(0).unwrap();
+    r.commit(60 * MIB, 2 * MIB, true).unwrap();
+    let s = pool.stats();
+    assert_eq!(s.zombies, 0, "{s:?}");
+    assert_eq!(s.syncs, 0);
+    assert_eq!(s.pages_held, 2);
+    assert_eq!(dev.calls().since(&before).get(CallKind::Synchronize), 0);
+    r.decommit(48 * MIB, 2 * MIB);
+    r.decommit(60 * MIB, 2 * MIB);
+    drop(r);
+    drop(pool);
+    let out = dev.outstanding();
+    assert_eq!((out.mappings, out.phys_handles), (0, 0), "{out:?}");
+}
+
+/// Several streams: a page freed with work still queued is only moved after a synchronize (here the
+/// paused stream makes the synchronize fail: the commit fails cleanly), while a page whose fence has
+/// completed moves with no synchronize at all.
+#[test]
+fn several_streams_synchronize_only_for_busy_pages() {
+    let dev = Arc::new(SimDevice::new());
+    let pool = pool_with(&dev, PagePoolConfig::default());
+    let r = Region::new(&pool, 64 * MIB, "t").unwrap();
+    r.commit(0, 2 * MIB, true).unwrap();
+    dev.pause_stream(0).unwrap();
+    // Work queued on the paused stream (an event stands in for a kernel): a synchronize cannot finish.
+    let work = dev.event_create().unwrap();
+    dev.event_record(work, 0).unwrap();
+    r.decommit(0, 2 * MIB);
+    assert!(matches!(
+        r.commit(32 * MIB, 2 * MIB, true),
+        Err(VmmError::Device(_))
+    ));
+    assert_eq!(r.committed_bytes(), 0, "a failed commit changes nothing");
+    assert_eq!(pool.stats().pages_free_mapped, 1, "the page is still there");
+    dev.resume_stream(0).unwrap();
+    r.commit(32 * MIB, 2 * MIB, true).unwrap();
+    let s = pool.stats();
+    assert_eq!((s.steals, s.aliases, s.syncs), (1, 0, 1));
+    // After that synchronize, a page freed before it is known idle; one freed after is not.
+    r.decommit(32 * MIB, 2 * MIB);
+    let before = dev.calls();
+    r.commit(16 * MIB, 2 * MIB, true).unwrap();
+    assert_eq!(dev.calls().since(&before).get(CallKind::Synchronize), 1);
+    // Now record the single stream for fences: freed pages become idle as fences complete.
+    pool.set_fence_stream(Some(0));
+    r.decommit(16 * MIB, 2 * MIB);
+    r.commit(20 * MIB, 2 * MIB, true).unwrap(); // aliased (warm), records a fence
+    r.decommit(20 * MIB, 2 * MIB);
+    pool.set_fence_stream(None); // (the caller synchronizes when going multi-stream)
+    dev.synchronize().unwrap();
+    dev.event_destroy(work).unwrap();
+    pool.synchronized();
+    assert_eq!(pool.stats().zombies, 0);
+    let before = dev.calls();
+    r.commit(40 * MIB, 2 * MIB, true).unwrap(); // freed before the synchronize: cold, no new sync
+    assert_eq!(dev.calls().since(&before).get(CallKind::Synchronize), 0);
+}
+
+/// A block lands on an address whose old mapping (left by an aliasing move) is still busy: the pool
+/// waits for that fence, not for the whole device, then maps. With the stream paused the wait cannot
+/// end: the commit fails cleanly and succeeds once the stream runs.
+#[test]
+fn committing_over_a_busy_old_mapping_waits_for_its_fence() {
+    let dev = Arc::new(SimDevice::new());
+    let pool = pool_with(&dev, PagePoolConfig::default());
+    pool.set_fence_stream(Some(0));
+    let r = Region::new(&pool, 64 * MIB, "t").unwrap();
+    r.commit(0, 2 * MIB, true).unwrap();
+    dev.pause_stream(0).unwrap();
+    r.decommit(0, 2 * MIB);
+    r.commit(32 * MIB, 2 * MIB, true).unwrap(); // the page moves; page 0 keeps a zombie mapping
+    assert_eq!(pool.stats().zombies, 1);
+    // Page 0 again: a new page is needed there, and the old mapping must go first.
+    let e = r.commit(0, 2 * MIB, true);
+    assert!(matches!(e, Err(VmmError::Device(_))), "{e:?}");
+    assert_eq!(
+        pool.stats().pages_held,
+        1,
+        "nothing created by the failed commit"
+    );
+    dev.resume_stream(0).unwrap();
+    r.commit(0, 2 * MIB, true).unwrap();
+    // The commit first learnt that the fence completed, so the old mapping went with no wait at all.
+    let s = pool.stats();
+    assert_eq!((s.zombies, s.pages_held, s.syncs), (0, 2, 0), "{s:?}");
+    assert_eq!(dev.calls().get(CallKind::Synchronize), 0);
 }
 
 #[test]

@@ -409,13 +409,17 @@ impl Pool {
                 .compare_exchange(NO_STREAM, stream, Ordering::AcqRel, Relaxed)
                 .is_ok()
         {
+            // One stream: the page pool may move pages still in use by aliasing them (stream order).
+            self.pages.set_fence_stream(Some(stream));
             return;
         }
         if self.solo_stream.load(Relaxed) != stream
             && !self.multi_stream.swap(true, Ordering::SeqCst)
         {
-            if let Err(e) = self.device.synchronize() {
-                log::error!("genpool: synchronize on a second stream's first use: {e}");
+            self.pages.set_fence_stream(None);
+            match self.device.synchronize() {
+                Ok(()) => self.pages.synchronized(),
+                Err(e) => log::error!("genpool: synchronize on a second stream's first use: {e}"),
             }
             // Plans serve one stream: stop handing out planned slots (the range goes once drained).
             self.drop_plan();

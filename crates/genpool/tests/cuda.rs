@@ -141,6 +141,43 @@ fn vmm_pages_move_between_blocks() {
     assert_eq!(pool.reserved_now(), 0);
 }
 
+/// One stream, busy: a page freed with work still queued on it moves to a new block without a device
+/// synchronize (mapped at the new address while the old mapping stays until a fence completes), the host
+/// does not wait for the stream, and stream order keeps the data right: the old block's late pattern
+/// lands before the new block's, through the same physical page.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_stream_moves_busy_pages_without_synchronizing() {
+    let Some(dev) = device() else { return };
+    let t = TwoStreams::new(dev.clone());
+    let pool = Pool::new(dev.clone(), Config::default()).unwrap();
+    let x = pool.alloc(64 * MIB, t.a, hint(Lifetime::Short)).unwrap();
+    let keep = pool.alloc(MIB, t.a, hint(Lifetime::Long)).unwrap();
+    t.queue_slow_then_pattern(x);
+    pool.free(x.ptr, t.a).unwrap();
+    // Too big for x's hole: placed past `keep`, on x's pages (moved) and new ones.
+    let y = pool.alloc(100 * MIB, t.a, hint(Lifetime::Short)).unwrap();
+    let a_was_busy = !t.a_done();
+    dev.memset_async(y.ptr, PAT_B, y.size, t.a).unwrap();
+    let s = pool.stats().pages;
+    eprintln!("pages after the move: {s:?}; stream busy during it: {a_was_busy}");
+    assert!(s.aliases >= 30, "x's pages moved by aliasing: {s:?}");
+    assert_eq!(s.syncs, 0, "{s:?}");
+    if !under_sanitizer() {
+        assert!(a_was_busy, "the host waited for the stream");
+    }
+    let (_, b) = t.settle_and_count(y.ptr, y.size);
+    assert_eq!(
+        b as u64, y.size,
+        "every byte of the new block reads its own pattern"
+    );
+    pool.free(y.ptr, t.a).unwrap();
+    pool.free(keep.ptr, t.a).unwrap();
+    pool.trim();
+    assert_eq!(pool.reserved_now(), 0);
+    assert_eq!(pool.stats().pages.zombies, 0);
+}
+
 /// Out of memory on a capped pool: a typed error with its breakdown, then the pool serves again.
 #[test]
 #[ignore = "needs a CUDA GPU"]
