@@ -293,6 +293,8 @@ def train(args) -> dict:
         result["allocator_allocated_peak"] = s["allocated_peak"]
         result["genpool_ooms"] = s["num_ooms"]
         result["genpool_invalid_frees"] = s["num_invalid_frees"]
+        # Page work over the whole run (creates, maps, unmaps, moves, aliases, synchronizes, fences).
+        result["genpool_pages"] = s.get("pages")
     else:
         try:
             result["allocator_reserved_peak"] = torch.cuda.max_memory_reserved(0)

@@ -160,6 +160,8 @@ struct Plan {
     by_fingerprint: HashMap<u64, u64>,
     footprint: u64,
     lower_bound: u64,
+    /// Longest run of allocations with no free in between while the period was recorded.
+    max_run: u64,
     status: Status,
     window_allocs: u64,
     window_misses: u64,
@@ -180,6 +182,9 @@ struct Record {
     sizes: Vec<u64>,
     /// Sequence number at which each recorded block was freed (the count of allocations before it).
     freed_at: Vec<u64>,
+    /// Longest run of allocations with no free in between seen while recording (see
+    /// [`Planner::note_run`]).
+    max_run: u64,
 }
 
 /// Detects, records, packs and serves a periodic allocation sequence. See the crate docs.
@@ -264,6 +269,22 @@ impl Planner {
     fn fingerprint(&self, seq: u64) -> u64 {
         let w = self.cfg.window as u64;
         window_hash((seq + 1 - w..=seq).map(|s| self.size_at(s)))
+    }
+
+    /// Tell the planner how many allocations the caller has seen since the last free of any block (before
+    /// the [`on_alloc`](Self::on_alloc) it precedes). While recording, the longest such run is kept with
+    /// the plan: [`max_run`](Self::max_run).
+    pub fn note_run(&mut self, run: u64) {
+        if let Some(r) = self.record.as_mut() {
+            r.max_run = r.max_run.max(run);
+        }
+    }
+
+    /// The longest run of allocations with no free in between within the recorded period of the current
+    /// plan (`None` without a plan). A longer run at run time is not part of the period — state being
+    /// built (weights, optimizer moments) — and should not take planned slots.
+    pub fn max_run(&self) -> Option<u64> {
+        self.plan.as_ref().map(|p| p.max_run)
     }
 
     /// One allocation of `size` bytes (already rounded as its owner rounds). Returns where to serve it.
@@ -384,6 +405,7 @@ impl Planner {
                 start: n + 1,
                 sizes: Vec::with_capacity(period as usize),
                 freed_at: Vec::with_capacity(period as usize),
+                max_run: 0,
             });
         }
     }
@@ -468,6 +490,7 @@ impl Planner {
             by_fingerprint,
             footprint,
             lower_bound,
+            max_run: rec.max_run,
             status: Status::Ready,
             window_allocs: 0,
             window_misses: 0,

@@ -109,7 +109,7 @@ pub struct PagePoolConfig {
 }
 
 /// Counters of a [`PagePool`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct PagePoolStats {
     /// Page size in bytes.
     pub page_size: u64,

@@ -72,6 +72,7 @@ pub const VALID_KEYS: &[&str] = &[
     "extent_generations",
     "plan",
     "plan_max_period",
+    "plan_min_moves",
     "plan_pin",
 ];
 
@@ -118,14 +119,21 @@ pub struct Config {
     pub extent_generations: bool,
     /// Periodic plans (gen-plan): detect a repeating allocation sequence (a training iteration), pack one
     /// period offline and serve it from one mapped range — no search, no page moves in steady state.
-    /// Allocations that do not match the plan go to the tiers as usual. Single-stream only. Off by
-    /// default: measured in docs/BENCHMARKS.md ("Periodic plans"), the packing is optimal but pages
-    /// still flow between the plan's range and the arena.
+    /// Allocations that do not match the plan go to the tiers as usual. Single-stream only. On by
+    /// default, with `plan_pin`: a plan is served only where the tiers' own layout moves pages every
+    /// period (`plan_min_moves`), and dropped — its idle pages given back — when the sequence leaves it
+    /// (docs/ARCHITECTURE.md, "Periodic plans").
     pub plan: bool,
     /// Longest period (in large-block allocations) the planner looks for.
     pub plan_max_period: u64,
-    /// With `plan`: map each page of the plan's range once and keep it while the plan lives (no page work
-    /// and no page moves in steady state; the range holds every page its period touches).
+    /// With `plan`: serve a ready plan only after two periods in a row have each moved at least this
+    /// fraction of the plan's footprint in pages (a plan exists to stop page moves; where the tiers'
+    /// layout already repeats in place it would only cost memory). 0 = serve as soon as ready.
+    pub plan_min_moves: f64,
+    /// With `plan`: map each page of the plan's range once and keep it while the plan is served (no page
+    /// work and no page moves in steady state; the range holds every page its period touches, which the
+    /// packing keeps at the period's peak of live bytes). Off: planned blocks commit their own pages,
+    /// which then flow between the plan's range and the arena.
     pub plan_pin: bool,
 }
 
@@ -146,9 +154,10 @@ impl Default for Config {
             page_slack: 0.0,
             placement_candidates: 1,
             extent_generations: false,
-            plan: false,
+            plan: true,
             plan_max_period: 8192,
-            plan_pin: false,
+            plan_min_moves: 0.005,
+            plan_pin: true,
         }
     }
 }
@@ -278,6 +287,15 @@ impl Config {
                     return Err(bad("must be between 16 and 1048576".into()));
                 }
                 self.plan_max_period = v;
+            }
+            "plan_min_moves" => {
+                let v: f64 = value
+                    .parse()
+                    .map_err(|_| bad("expected a fraction, e.g. 0.005".into()))?;
+                if !(0.0..=1.0).contains(&v) {
+                    return Err(bad("must be between 0 and 1".into()));
+                }
+                self.plan_min_moves = v;
             }
             "extent_generations" => self.extent_generations = parse_bool(value).map_err(bad)?,
             "page_slack" => {

@@ -123,8 +123,8 @@ pub struct Pool {
 
 const NO_STREAM: u64 = u64::MAX;
 
-/// Large allocations in a row with no free in between after which the planner's slots are not used (see
-/// `Pool::plan_alloc`).
+/// Large allocations in a row with no free in between after which the planner's slots are not used, at
+/// least (see `Pool::plan_alloc`: the limit is the longest such run of the recorded period, when longer).
 const PLAN_BURST: u64 = 8;
 
 /// The planner and its address range. Planned blocks commit their pages as the extent arena's do (a page
@@ -145,6 +145,11 @@ struct PlanInner {
     pinned: Option<Vec<u64>>,
     pinned_pages: u64,
     peak_pages: u64,
+    /// Page moves of the whole pool counted at the ready plan's previous activation point (one period
+    /// ago), to measure the moves of the last period.
+    moves_at_phase: Option<u64>,
+    /// Consecutive periods, up to now, that moved enough pages to serve the plan.
+    moving_periods: u32,
 }
 
 impl PlanInner {
@@ -171,6 +176,30 @@ impl PlanInner {
             }
             self.pinned_pages = 0;
         }
+    }
+
+    /// `plan_pin`, the plan going away: keep references only on the pages that live planned blocks touch
+    /// (accounted per block from now on, as without pinning) and give every other pinned page back to the
+    /// pool at once, for the tiers to use.
+    fn unpin_to_blocks(&mut self, region: &Region) {
+        if self.pinned.is_none() {
+            return;
+        }
+        let live = self.planner.live_ranges();
+        for (k, &(off, len)) in live.iter().enumerate() {
+            // Every page of a live planned block is pinned: this only takes references.
+            if let Err(e) = region.commit(off, len, true) {
+                log::error!("genpool: keeping a planned block's pages: {e}");
+                for &(o, l) in &live[..k] {
+                    region.decommit(o, l);
+                    self.tally.remove(o, l);
+                }
+                return;
+            }
+            self.tally.add(off, len);
+        }
+        self.unpin(region);
+        self.pinned = None;
     }
 
     /// Hand a planned slot back to the planner (it will not be used), releasing pinned pages when that
@@ -321,6 +350,8 @@ impl Pool {
                         .then(|| vec![0; (va / page).div_ceil(64) as usize]),
                     pinned_pages: 0,
                     peak_pages: 0,
+                    moves_at_phase: None,
+                    moving_periods: 0,
                 }),
                 region: Region::new(&pages, va, "gen-plan").map_err(tier_err)?,
             })
@@ -493,8 +524,8 @@ impl Pool {
         // the block's lifetime from the last period.
         if size > self.slab.max_size() && !self.multi_stream.load(Ordering::Acquire) {
             if let Some(pt) = &self.plan {
-                let burst = self.large_since_free.fetch_add(1, Relaxed) >= PLAN_BURST;
-                match self.plan_alloc(pt, size, burst) {
+                let run = self.large_since_free.fetch_add(1, Relaxed);
+                match self.plan_alloc(pt, size, run) {
                     Decision::Planned { offset, ticket: t } => {
                         planned = Some(pt.region.base() + offset);
                         ticket = t;
@@ -645,16 +676,46 @@ impl Pool {
     }
 
     /// One large-block allocation through the planner: the plan's slot (its pages committed), or where
-    /// the tiers should serve it. `burst`: a run of allocations with no free in between — state being
-    /// built (weights, optimizer moments), which would squat on a planned slot for good — is not planned.
-    fn plan_alloc(&self, pt: &PlanTier, size: u64, burst: bool) -> Decision {
+    /// the tiers should serve it. `run`: large allocations since the last free. A run longer than any in
+    /// the recorded period — state being built (weights, optimizer moments), which would squat on a
+    /// planned slot for good — is not planned; a forward pass's own runs (GPT-2: dozens) are.
+    fn plan_alloc(&self, pt: &PlanTier, size: u64, run: u64) -> Decision {
         let mut g = pt.inner.lock();
+        g.planner.note_run(run);
+        let misses = g.planner.stats().misses;
         let d = g.planner.on_alloc(size);
+        if g.pinned_pages > 0 && g.planner.stats().misses > misses {
+            // The sequence left the plan (a new phase of the program): every allocation it does not
+            // cover would grow the tiers beside pages pinned for blocks that may not come. Drop the plan
+            // and give its idle pages back now; a new plan is learnt if the sequence repeats again.
+            g.planner.deactivate();
+            g.unpin_to_blocks(&pt.region);
+        }
+        // Longer than any run of the recorded period (and than PLAN_BURST): state being built.
+        let burst = run >= g.planner.max_run().map_or(0, |m| m + 1).max(PLAN_BURST);
         if g.planner.take_release() {
             g.unpin(&pt.region);
         }
-        if g.planner.wants_activation().is_some() {
-            g.planner.activate();
+        if let Some(footprint) = g.planner.wants_activation() {
+            // A plan exists to stop page moves: serve it only once two whole periods in a row have each
+            // moved at least `plan_min_moves` (1/200) of its footprint (one period of moves is a transient: a new phase
+            // settling). Where the tiers' layout already repeats in place (ResNet-50) the plan stays
+            // ready and unused, costing neither memory nor moves.
+            let min_moves = self.cfg.plan_min_moves;
+            let moves = self.pages.stats().steals;
+            let moved = g.moves_at_phase.replace(moves).map(|m| moves - m);
+            let moving = moved.is_some_and(|m| {
+                (m * self.pages.page_size()) as f64 >= min_moves * footprint as f64
+            });
+            g.moving_periods = if moving { g.moving_periods + 1 } else { 0 };
+            if min_moves == 0.0 || g.moving_periods >= 2 {
+                g.planner.activate();
+                if self.cfg.plan_pin && g.pinned.is_none() && g.tally.pages() == 0 {
+                    // Pinned again after a dropped plan's blocks are all gone.
+                    let n = (pt.region.len() / self.pages.page_size()).div_ceil(64) as usize;
+                    g.pinned = Some(vec![0; n]);
+                }
+            }
         }
         match d {
             Decision::Planned { ticket, .. } if burst => g.give_back(&pt.region, ticket),
@@ -742,6 +803,8 @@ impl Pool {
             let mut g = pt.inner.lock();
             if g.planner.deactivate() {
                 g.unpin(&pt.region);
+            } else {
+                g.unpin_to_blocks(&pt.region);
             }
         }
     }

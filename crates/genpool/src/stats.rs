@@ -45,7 +45,6 @@ pub struct PoolStats {
     /// Bytes held in the stream-ordered front caches.
     pub cached_bytes: u64,
     /// The shared page pool.
-    #[serde(skip)]
     pub pages: PagePoolStats,
     /// Per tier.
     pub tiers: Vec<TierStats>,
