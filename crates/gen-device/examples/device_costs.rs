@@ -70,6 +70,38 @@ fn main() -> Result<()> {
         d.unmap(va, g)
     })?;
     println!("map + unmap of a cached handle (granule): {ns:.0} ns");
+    // A run of 32 pages (64 MiB), as a large block's commit needs: page by page, and as one run
+    // (one access call for the run, one unmap for the run). Per page.
+    const RUN: u64 = 32;
+    let run_va = d.va_reserve(RUN * g, 0)?;
+    let hs: Vec<_> = (0..RUN).map(|_| d.phys_create(g)).collect::<Result<_>>()?;
+    let ns = median_ns(5, iters / 200 + 1, || {
+        for (i, &h) in hs.iter().enumerate() {
+            d.map(run_va + i as u64 * g, g, h)?;
+        }
+        for i in 0..RUN {
+            d.unmap(run_va + i * g, g)?;
+        }
+        Ok(())
+    })? / RUN as f64;
+    println!("map + unmap per page, {RUN} pages one by one: {ns:.0} ns per page");
+    let ns = median_ns(5, iters / 200 + 1, || {
+        d.map_run(run_va, g, &hs)?;
+        d.unmap(run_va, RUN * g)
+    })? / RUN as f64;
+    println!("map_run + one unmap, {RUN} pages as a run: {ns:.0} ns per page");
+    let ns = median_ns(5, iters / 200 + 1, || {
+        d.map_run(run_va, g, &hs)?;
+        for i in 0..RUN {
+            d.unmap(run_va + i * g, g)?;
+        }
+        Ok(())
+    })? / RUN as f64;
+    println!("map_run + unmap per page, {RUN} pages: {ns:.0} ns per page");
+    for h in hs {
+        d.phys_release(h)?;
+    }
+    d.va_release(run_va, RUN * g)?;
     let mut sink = 0u64;
     let ns = median_ns(5, iters, || {
         sink = sink.wrapping_add(d.reserved().current);

@@ -407,6 +407,27 @@ impl Device for CudaDevice {
         unsafe { raw::mem_map(va, usize_of(call, bytes)?, handle.0, self.ordinal_c) }
     }
 
+    fn map_run(&self, va: DevicePtr, bytes: u64, handles: &[PhysHandle]) -> Result<()> {
+        let call = "cuMemMap";
+        self.enter()?;
+        let phys = self.phys.read();
+        for h in handles {
+            match phys.get(&h.0) {
+                None => return Err(inval(call, format!("unknown physical handle {:#x}", h.0))),
+                Some(&size) if size != bytes => {
+                    return Err(inval(
+                        call,
+                        format!("size {bytes:#x} differs from the handle's size {size:#x}"),
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+        let raw_handles: Vec<_> = handles.iter().map(|h| h.0).collect();
+        // SAFETY: every handle is live and of `bytes` bytes; the read lock keeps them from being released.
+        unsafe { raw::mem_map_run(va, usize_of(call, bytes)?, &raw_handles, self.ordinal_c) }
+    }
+
     fn unmap(&self, va: DevicePtr, bytes: u64) -> Result<()> {
         self.enter()?;
         // SAFETY: the driver validates the range; that no queued work uses it is the tiers' contract.

@@ -230,8 +230,26 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// Map the whole of `handle` (of `bytes`) at `va` and make it readable and writable by this device
     /// (`cuMemMap` + `cuMemSetAccess`).
     fn map(&self, va: DevicePtr, bytes: u64, handle: PhysHandle) -> Result<()>;
-    /// Unmap `[va, va + bytes)` (`cuMemUnmap`). The physical memory stays alive until released.
+    /// Unmap `[va, va + bytes)` (`cuMemUnmap`). The range may span several whole mappings (one call for a
+    /// run of pages). The physical memory stays alive until released.
     fn unmap(&self, va: DevicePtr, bytes: u64) -> Result<()>;
+    /// Map `handles`, each of `bytes`, back to back from `va`, and make the whole run readable and
+    /// writable by this device. On error nothing of the run stays mapped. The default maps one handle at
+    /// a time with [`Device::map`]; the CUDA device makes one `cuMemMap` per handle and a single
+    /// `cuMemSetAccess` for the run.
+    fn map_run(&self, va: DevicePtr, bytes: u64, handles: &[PhysHandle]) -> Result<()> {
+        for (i, &h) in handles.iter().enumerate() {
+            if let Err(e) = self.map(va + i as u64 * bytes, bytes, h) {
+                if i > 0 {
+                    if let Err(e2) = self.unmap(va, i as u64 * bytes) {
+                        log::error!("unmapping a partly mapped run: {e2}");
+                    }
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
 
     // ---- stream-ordered pools ----
 

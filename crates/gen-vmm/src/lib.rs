@@ -127,9 +127,9 @@ pub struct PagePoolStats {
     pub pages_free_unmapped: u64,
     /// `cuMemCreate` calls made.
     pub creates: u64,
-    /// `cuMemMap` calls made.
+    /// Pages mapped (`cuMemMap` calls; a run of consecutive pages shares one `cuMemSetAccess`).
     pub maps: u64,
-    /// `cuMemUnmap` calls made.
+    /// Pages unmapped (a run of consecutive pages may go in one `cuMemUnmap`).
     pub unmaps: u64,
     /// Pages moved from one address to another.
     pub steals: u64,
@@ -405,16 +405,54 @@ impl PagePool {
         Ok(())
     }
 
-    /// Unmap the zombie mappings whose fence has completed.
+    /// Unmap the zombie mappings whose fence has completed, a run of consecutive pages per call.
     fn reap_zombies(&self, g: &mut Inner) -> Result<(), VmmError> {
+        let mut ready = Vec::new();
         while let Some(&(epoch, rid, pidx)) = g.zombies.front() {
             if epoch >= g.done_epoch {
                 break;
             }
             g.zombies.pop_front();
-            self.unmap_zombie(g, rid, pidx, epoch)?;
+            let still = g
+                .regions
+                .get(rid as usize)
+                .and_then(Option::as_ref)
+                .is_some_and(|r| r.pages[pidx as usize].zombie == Some(epoch));
+            if still {
+                ready.push((rid, pidx));
+            }
         }
-        Ok(())
+        ready.sort_unstable();
+        let mut first_err = None;
+        let mut i = 0;
+        while i < ready.len() {
+            let (rid, p0) = ready[i];
+            let mut j = i + 1;
+            while j < ready.len() && ready[j] == (rid, p0 + (j - i) as u32) {
+                j += 1;
+            }
+            let r = g.regions[rid as usize].as_mut().expect("checked above");
+            let va = r.base + p0 as u64 * self.page;
+            match self.device.unmap(va, (j - i) as u64 * self.page) {
+                Ok(()) => {
+                    for &(_, q) in &ready[i..j] {
+                        r.pages[q as usize].zombie = None;
+                    }
+                    g.stats.unmaps += (j - i) as u64;
+                    g.stats.zombies -= (j - i) as u64;
+                }
+                Err(e) => {
+                    // Left as zombies (mapped, no handle): a later synchronize path retries them.
+                    for &(_, q) in &ready[i..j] {
+                        let epoch = r.pages[q as usize].zombie.expect("checked above");
+                        g.zombies.push_back((epoch, rid, q));
+                    }
+                    first_err.get_or_insert(VmmError::from(e));
+                }
+            }
+            i = j;
+        }
+        first_err.map_or(Ok(()), Err)
     }
 
     /// Unmap the zombie mapping of `(rid, pidx)` if it is still the zombie of `epoch`.
@@ -591,35 +629,83 @@ impl PagePool {
         grow: bool,
         synced: &mut bool,
     ) -> Result<(), VmmError> {
-        for (i, &pidx) in unbacked.iter().enumerate() {
-            if let Err(e) = self.back_page(g, rid, pidx, grow, synced) {
-                // Roll back: every page of the range holds one reference from us, except unbacked[i..].
-                for q in first..=last {
-                    let q32 = q as u32;
-                    if !unbacked[i..].contains(&q32) {
-                        self.decommit_locked(g, rid, q, q);
-                    }
+        // Take a physical page for each unbacked page first (counted in use as it is taken, so the
+        // headroom rule sees the commit grow), then map them in runs of consecutive pages: one access
+        // call per run instead of one per page.
+        let mut got: Vec<PhysHandle> = Vec::with_capacity(unbacked.len());
+        let mut fail = None;
+        for &pidx in unbacked {
+            match self.take_page(g, rid, pidx, grow, synced) {
+                Ok(h) => {
+                    got.push(h);
+                    g.stats.pages_in_use += 1;
+                    g.stats.pages_in_use_peak = g.stats.pages_in_use_peak.max(g.stats.pages_in_use);
                 }
-                return Err(e);
+                Err(e) => {
+                    fail = Some(e);
+                    break;
+                }
             }
+        }
+        let mut mapped = 0;
+        if fail.is_none() {
+            let base = g.regions[rid as usize]
+                .as_ref()
+                .expect("registered region")
+                .base;
+            let mut i = 0;
+            while i < got.len() {
+                let mut j = i + 1;
+                while j < got.len() && unbacked[j] == unbacked[j - 1] + 1 {
+                    j += 1;
+                }
+                let va = base + unbacked[i] as u64 * self.page;
+                if let Err(e) = self.device.map_run(va, self.page, &got[i..j]) {
+                    fail = Some(e.into());
+                    break;
+                }
+                let r = g.regions[rid as usize].as_mut().expect("registered region");
+                for k in i..j {
+                    let p = &mut r.pages[unbacked[k] as usize];
+                    p.refs = 1;
+                    p.handle = Some(got[k]);
+                }
+                g.stats.maps += (j - i) as u64;
+                mapped = j;
+                i = j;
+            }
+        }
+        if let Some(e) = fail {
+            // Pages taken but not mapped: keep their handles cached rather than lose them.
+            g.stats.pages_in_use -= (got.len() - mapped) as u64;
+            g.free_handles.extend_from_slice(&got[mapped..]);
+            // Roll back: every page of the range holds one reference from us, except unbacked[mapped..].
+            for q in first..=last {
+                if !unbacked[mapped..].contains(&(q as u32)) {
+                    self.decommit_locked(g, rid, q, q);
+                }
+            }
+            return Err(e);
         }
         Ok(())
     }
 
-    /// Map a physical page under the unbacked page `pidx` of region `rid` and give it one reference.
-    fn back_page(
+    /// A physical page for the unbacked page `pidx` of region `rid` (not mapped yet): a cached handle, a
+    /// new one within the headroom, or one moved from another address.
+    fn take_page(
         &self,
         g: &mut Inner,
         rid: u32,
         pidx: u32,
         grow: bool,
         synced: &mut bool,
-    ) -> Result<(), VmmError> {
-        let page = {
-            let r = g.regions[rid as usize].as_ref().expect("registered region");
-            debug_assert!(r.pages[pidx as usize].handle.is_none());
-            r.base + pidx as u64 * self.page
-        };
+    ) -> Result<PhysHandle, VmmError> {
+        debug_assert!(g.regions[rid as usize]
+            .as_ref()
+            .expect("registered region")
+            .pages[pidx as usize]
+            .handle
+            .is_none());
         // An old mapping left here by an aliasing move must go before a page can be mapped.
         self.clear_zombie(g, rid, pidx, synced)?;
         // Within the headroom (and the limit), a new page is cheaper than moving one.
@@ -629,7 +715,7 @@ impl PagePool {
             .limit
             .is_none_or(|l| (g.stats.pages_held + 1) * self.page <= l);
         let create_first = grow && g.stats.pages_held < headroom && under_limit;
-        let handle = if let Some(h) = g.free_handles.pop() {
+        Ok(if let Some(h) = g.free_handles.pop() {
             h
         } else if !create_first {
             match self.steal(g, rid, pidx, synced)? {
@@ -638,20 +724,7 @@ impl PagePool {
             }
         } else {
             self.create(g, true, rid, pidx, synced)?
-        };
-        if let Err(e) = self.device.map(page, self.page, handle) {
-            // Keep the handle cached rather than losing it.
-            g.free_handles.push(handle);
-            return Err(e.into());
-        }
-        g.stats.maps += 1;
-        g.stats.pages_in_use += 1;
-        g.stats.pages_in_use_peak = g.stats.pages_in_use_peak.max(g.stats.pages_in_use);
-        let r = g.regions[rid as usize].as_mut().expect("registered region");
-        let p = &mut r.pages[pidx as usize];
-        p.refs = 1;
-        p.handle = Some(handle);
-        Ok(())
+        })
     }
 
     /// Unmap the free page with the highest index (never `(rid, pidx)`) and return its handle; `None`

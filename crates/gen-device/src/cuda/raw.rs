@@ -346,6 +346,47 @@ pub(super) unsafe fn mem_map(
     Ok(())
 }
 
+/// `cuMemMap` of each handle (each of `bytes` bytes) back to back from `va`, then one `cuMemSetAccess`
+/// read-write for `ordinal` over the whole run; on any error everything mapped here is unmapped again.
+///
+/// # Safety
+/// Every handle is a live handle from [`mem_create`] of `bytes` bytes.
+pub(super) unsafe fn mem_map_run(
+    va: CUdeviceptr,
+    bytes: usize,
+    handles: &[CUmemGenericAllocationHandle],
+    ordinal: c_int,
+) -> Result<()> {
+    let undo = |n: usize| {
+        if n > 0 {
+            // SAFETY: `[va, va + n * bytes)` was mapped just above and nothing can use it yet.
+            let _ = unsafe { mem_unmap(va, n * bytes) };
+        }
+    };
+    for (i, &h) in handles.iter().enumerate() {
+        let at = va + (i * bytes) as CUdeviceptr;
+        // SAFETY: the caller guarantees a live handle of `bytes`; the driver validates the VA range.
+        let r = guarded("cuMemMap", || unsafe { sys::cuMemMap(at, bytes, 0, h, 0) });
+        if let Err(e) = r {
+            undo(i);
+            return Err(e);
+        }
+    }
+    let desc = sys::CUmemAccessDesc {
+        location: device_location(ordinal),
+        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    // SAFETY: `desc` is one initialized descriptor; the whole run was just mapped.
+    let r = guarded("cuMemSetAccess", || unsafe {
+        sys::cuMemSetAccess(va, bytes * handles.len(), &desc, 1)
+    });
+    if let Err(e) = r {
+        undo(handles.len());
+        return Err(e);
+    }
+    Ok(())
+}
+
 /// `cuMemUnmap`.
 ///
 /// # Safety

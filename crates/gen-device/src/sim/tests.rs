@@ -854,3 +854,24 @@ fn shared_across_threads() {
     assert_eq!(d.reserved().current, 0);
     assert_eq!(d.outstanding(), SimOutstanding::default());
 }
+
+#[test]
+fn map_run_maps_a_run_and_undoes_a_partial_one() {
+    let d = dev();
+    let g = d.props().vmm_granularity;
+    let va = d.va_reserve(4 * g, 0).unwrap();
+    let hs: Vec<_> = (0..3).map(|_| d.phys_create(g).unwrap()).collect();
+    d.map_run(va, g, &hs).unwrap();
+    assert_eq!(d.outstanding().mappings, 3);
+    // One unmap for the whole run.
+    d.unmap(va, 3 * g).unwrap();
+    assert_eq!(d.outstanding().mappings, 0);
+    // The second handle is bad: the first mapping is undone, nothing stays mapped.
+    let bad = PhysHandle(0xdead_beef);
+    assert_inval(d.map_run(va, g, &[hs[0], bad, hs[1]]), "cuMemMap");
+    assert_eq!(d.outstanding().mappings, 0);
+    for h in hs {
+        d.phys_release(h).unwrap();
+    }
+    d.va_release(va, 4 * g).unwrap();
+}
