@@ -43,6 +43,7 @@
 
 use std::collections::{BTreeSet, VecDeque};
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use gen_device::{Device, DeviceError, DevicePtr, EventHandle, PhysHandle, StreamId};
@@ -142,6 +143,8 @@ pub struct PagePoolStats {
     pub fences: u64,
     /// Old mappings left behind by aliasing moves and not unmapped yet.
     pub zombies: u64,
+    /// Wall time spent in commits that moved pages (their driver calls included), in nanoseconds.
+    pub move_ns: u64,
     /// Pages revived in place with no driver call.
     pub revivals: u64,
     /// Pages given back to the driver.
@@ -211,6 +214,9 @@ pub struct PagePool {
     page: u64,
     cfg: PagePoolConfig,
     inner: Mutex<Inner>,
+    /// Headroom in force, as `f64` bits (starts at [`PagePoolConfig::slack`]; see
+    /// [`PagePool::set_slack`]). Read without the lock by callers deciding whether to grow.
+    slack: AtomicU64,
 }
 
 impl fmt::Debug for PagePool {
@@ -230,6 +236,7 @@ impl PagePool {
             return Err(VmmError::Unsupported);
         }
         let page = props.vmm_granularity;
+        let slack = cfg.slack;
         Ok(Arc::new(PagePool {
             device,
             page,
@@ -249,6 +256,7 @@ impl PagePool {
                 spare_events: Vec::new(),
                 zombies: VecDeque::new(),
             }),
+            slack: AtomicU64::new(slack.to_bits()),
         }))
     }
 
@@ -303,6 +311,22 @@ impl PagePool {
             released += self.page;
         }
         Ok(released)
+    }
+
+    /// The page headroom in force (see [`PagePoolConfig::slack`]).
+    pub fn slack(&self) -> f64 {
+        f64::from_bits(self.slack.load(Relaxed))
+    }
+
+    /// Change the page headroom: pages are created rather than moved while the pool holds fewer than
+    /// `(1 + slack) ×` its peak of pages in use. Negative or non-finite values count as 0.
+    pub fn set_slack(&self, slack: f64) {
+        let s = if slack.is_finite() {
+            slack.max(0.0)
+        } else {
+            0.0
+        };
+        self.slack.store(s.to_bits(), Relaxed);
     }
 
     /// Say which stream all device work using this pool's pages runs on (`Some`), or that there may be
@@ -609,7 +633,12 @@ impl PagePool {
             }
         }
         let aliases_before = g.stats.aliases;
+        let steals_before = g.stats.steals;
+        let t0 = (!unbacked.is_empty()).then(std::time::Instant::now);
         let res = self.back_pages(&mut g, rid, first, last, &unbacked, grow, &mut synced);
+        if let Some(t0) = t0.filter(|_| g.stats.steals != steals_before) {
+            g.stats.move_ns += t0.elapsed().as_nanos() as u64;
+        }
         if g.stats.aliases != aliases_before && !self.record_fence(&mut g) {
             // No fence: the zombies wait for the next synchronize (release, region drop, or a commit that
             // needs one of their addresses).
@@ -709,7 +738,7 @@ impl PagePool {
         // An old mapping left here by an aliasing move must go before a page can be mapped.
         self.clear_zombie(g, rid, pidx, synced)?;
         // Within the headroom (and the limit), a new page is cheaper than moving one.
-        let headroom = (g.stats.pages_in_use_peak as f64 * (1.0 + self.cfg.slack)).ceil() as u64;
+        let headroom = (g.stats.pages_in_use_peak as f64 * (1.0 + self.slack())).ceil() as u64;
         let under_limit = self
             .cfg
             .limit

@@ -67,6 +67,8 @@ pub const VALID_KEYS: &[&str] = &[
     "short_horizon",
     "mid_horizon",
     "page_slack",
+    "page_slack_max",
+    "move_budget",
     "long_tier",
     "placement_candidates",
     "extent_generations",
@@ -110,6 +112,13 @@ pub struct Config {
     /// Page headroom over the peak of pages in use within which a new page is created rather than one
     /// moved from another address (see `gen_vmm::PagePoolConfig::slack`).
     pub page_slack: f64,
+    /// With iteration marks ([`crate::Pool::mark_iteration`], the PyTorch plug-in's `step()`): the most the
+    /// page headroom may grow to keep page moves within `move_budget`. 0 = never grow.
+    pub page_slack_max: f64,
+    /// With iteration marks: the share of an iteration's wall time page moves may take. When an
+    /// iteration (after the first three) spends more, the headroom grows by half a percent, up to
+    /// `page_slack_max`: a page costs 2 MiB held, a move ~44 µs of the driver's time (H200).
+    pub move_budget: f64,
     /// Page-aware placement in the extent arena: how many best-fitting free extents to compare for the
     /// one needing the fewest newly mapped pages (0 or 1 = plain best fit, the default: on the shared
     /// traces comparing 8 or 32 moved as many pages and cost up to 0.02 in ratio — docs/BENCHMARKS.md).
@@ -152,6 +161,8 @@ impl Default for Config {
             short_horizon: 0,
             mid_horizon: 0,
             page_slack: 0.0,
+            page_slack_max: 0.03,
+            move_budget: 0.005,
             placement_candidates: 1,
             extent_generations: false,
             plan: true,
@@ -298,6 +309,19 @@ impl Config {
                 self.plan_min_moves = v;
             }
             "extent_generations" => self.extent_generations = parse_bool(value).map_err(bad)?,
+            "page_slack_max" | "move_budget" => {
+                let v: f64 = value
+                    .parse()
+                    .map_err(|_| bad("expected a fraction, e.g. 0.01".into()))?;
+                if !(0.0..=1.0).contains(&v) {
+                    return Err(bad("must be between 0 and 1".into()));
+                }
+                if key == "page_slack_max" {
+                    self.page_slack_max = v;
+                } else {
+                    self.move_budget = v;
+                }
+            }
             "page_slack" => {
                 let v: f64 = value
                     .parse()

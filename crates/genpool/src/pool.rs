@@ -111,6 +111,8 @@ pub struct Pool {
     invalid_frees: AtomicU64,
     /// Large allocations since the last free (any free): a burst builds long-lived state.
     large_since_free: AtomicU64,
+    /// See `Pool::mark_iteration`.
+    iterations: parking_lot::Mutex<IterationClock>,
     max_size: u64,
     /// Whether freed extent and buddy blocks go through the exact-size stream caches by configuration.
     caching: bool,
@@ -126,6 +128,20 @@ const NO_STREAM: u64 = u64::MAX;
 /// Large allocations in a row with no free in between after which the planner's slots are not used, at
 /// least (see `Pool::plan_alloc`: the limit is the longest such run of the recorded period, when longer).
 const PLAN_BURST: u64 = 8;
+
+/// Iteration marks that only start the move-budget clock (see `Pool::mark_iteration`).
+const WARM_ITERATIONS: u64 = 3;
+
+/// How much the page headroom grows at a time (see `Pool::mark_iteration`).
+const SLACK_STEP: f64 = 0.005;
+
+/// The move-budget clock of `Pool::mark_iteration`.
+#[derive(Default)]
+struct IterationClock {
+    marks: u64,
+    last: Option<std::time::Instant>,
+    move_ns: u64,
+}
 
 /// The planner and its address range. Planned blocks commit their pages as the extent arena's do (a page
 /// referenced by a live block is mapped; a free one stays mapped where the next period's block will
@@ -402,6 +418,7 @@ impl Pool {
             retries: AtomicU64::new(0),
             invalid_frees: AtomicU64::new(0),
             large_since_free: AtomicU64::new(0),
+            iterations: parking_lot::Mutex::new(IterationClock::default()),
         })
     }
 
@@ -589,7 +606,7 @@ impl Pool {
         //    (and no cached blocks) the page pool itself chooses: create within the headroom, else move.
         let caches_hold_pages = self.caching_now()
             && self.extent_cache.cached_bytes() + self.buddy_cache.cached_bytes() > 0;
-        let grow_first = self.cfg.page_slack > 0.0 && !caches_hold_pages;
+        let grow_first = self.pages.slack() > 0.0 && !caches_hold_pages;
         match self.attempt(tier, class, size, stream, grow_first) {
             Attempt::Ok(p, t) => return Ok((p, t)),
             Attempt::Err(e) => return Err(e),
@@ -998,9 +1015,37 @@ impl Pool {
         }
     }
 
-    /// Tell the classifier a training iteration ended (an explicit period mark).
+    /// A training iteration ended (an explicit period mark): the classifier learns the period, and the
+    /// page pool's headroom grows by half a percent (up to `page_slack_max`) when the iteration spent more
+    /// than `move_budget` of its wall time moving pages. The first [`WARM_ITERATIONS`] marks only start
+    /// the clock (warm-up lays everything out once).
     pub fn mark_iteration(&self) {
         self.classifier.mark_iteration();
+        let now = std::time::Instant::now();
+        let move_ns = self.pages.stats().move_ns;
+        let mut it = self.iterations.lock();
+        it.marks += 1;
+        if let Some(last) = it.last.filter(|_| it.marks > WARM_ITERATIONS) {
+            let spent = move_ns.saturating_sub(it.move_ns) as f64;
+            let elapsed = now.duration_since(last).as_nanos() as f64;
+            let slack = self.pages.slack();
+            if spent > self.cfg.move_budget * elapsed && slack < self.cfg.page_slack_max {
+                let grown = (slack + SLACK_STEP).min(self.cfg.page_slack_max);
+                self.pages.set_slack(grown);
+                log::debug!(
+                    "genpool: page moves took {:.1} % of an iteration: page headroom {:.3} -> {grown:.3}",
+                    100.0 * spent / elapsed,
+                    slack
+                );
+            }
+        }
+        it.last = Some(now);
+        it.move_ns = move_ns;
+    }
+
+    /// The page headroom in force (`page_slack`, grown by [`Pool::mark_iteration`]).
+    pub fn page_slack(&self) -> f64 {
+        self.pages.slack()
     }
 
     /// Give back everything cached: blocks held for reuse, empty slab chunks, unused pages and the driver
@@ -1153,6 +1198,7 @@ impl Pool {
             num_alloc_retries: self.retries.load(Relaxed),
             num_invalid_frees: self.invalid_frees.load(Relaxed),
             cached_bytes: self.extent_cache.cached_bytes() + self.buddy_cache.cached_bytes(),
+            page_slack: self.pages.slack(),
             pages,
             tiers: Tier::ALL
                 .iter()

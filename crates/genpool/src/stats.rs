@@ -46,6 +46,8 @@ pub struct PoolStats {
     pub cached_bytes: u64,
     /// The shared page pool.
     pub pages: PagePoolStats,
+    /// The page headroom in force (`page_slack`, grown under the move budget by iteration marks).
+    pub page_slack: f64,
     /// Per tier.
     pub tiers: Vec<TierStats>,
     /// Classifier accuracy by count against observed lifetimes.

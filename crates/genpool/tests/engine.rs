@@ -571,3 +571,74 @@ fn pinned_plans_stop_page_moves_where_the_layout_shifts_and_only_there() {
     let d = replay_prefix(resnet, resnet.events.len(), arena);
     assert_eq!(s.pages.pages_peak, d.pages.pages_peak);
 }
+
+/// The move budget: with iteration marks, a loop whose layout moves pages every iteration gets more page
+/// headroom, half a percent at a time up to `page_slack_max`, until pages stop moving; without marks
+/// (or with `page_slack_max:0`) the headroom stays where it was configured.
+#[test]
+fn iteration_marks_grow_page_headroom_until_moves_stop() {
+    // Two iteration shapes in turn (as with random sequence lengths): blocks a, b, then c after a is
+    // freed. With a = 48 MiB, b = 16 MiB, c fits in a's hole; with a = 16 MiB, b = 48 MiB it lands past
+    // b, on pages the other shape left free at the low end: at slack 0, pages move every iteration.
+    let run = |conf: &str, marks: bool| {
+        let dev = sim(8 * GIB);
+        let pool = pool_on(&dev, Config::parse(conf).unwrap());
+        let keep = pool.alloc(64 * MIB, 0, Hint::default()).unwrap();
+        let mut moves = Vec::new();
+        for it in 0..40 {
+            let before = pool.stats().pages.steals;
+            let (sa, sb) = if it % 2 == 0 {
+                (48 * MIB, 16 * MIB)
+            } else {
+                (16 * MIB, 48 * MIB)
+            };
+            let a = pool.alloc(sa, 0, Hint::default()).unwrap();
+            let b = pool.alloc(sb, 0, Hint::default()).unwrap();
+            pool.free(a.ptr, 0).unwrap();
+            let c = pool.alloc(40 * MIB, 0, Hint::default()).unwrap();
+            pool.free(b.ptr, 0).unwrap();
+            pool.free(c.ptr, 0).unwrap();
+            if marks {
+                pool.mark_iteration();
+            }
+            moves.push(pool.stats().pages.steals - before);
+        }
+        pool.free(keep.ptr, 0).unwrap();
+        let s = pool.stats();
+        (
+            moves,
+            s.page_slack,
+            s.pages.pages_peak,
+            s.pages.pages_in_use_peak,
+        )
+    };
+    // 8 of ~76 pages move each time: a headroom of ~11 % stops that (the default cap, 3 %, would not).
+    let (moves, slack, held, in_use) = run("plan:false,page_slack_max:0.2", true);
+    assert!(
+        moves[..4].iter().sum::<u64>() > 0,
+        "the layout moves pages: {moves:?}"
+    );
+    assert_eq!(moves[34..].iter().sum::<u64>(), 0, "moves stop: {moves:?}");
+    assert!(slack > 0.05 && slack <= 0.2 + 1e-9, "{slack}");
+    assert!(
+        held as f64 <= (in_use as f64 * (1.0 + slack)).ceil(),
+        "{held} pages held, {in_use} in use"
+    );
+    let (moves, slack, ..) = run("plan:false", true);
+    assert!(
+        (slack - 0.03).abs() < 1e-9,
+        "capped at page_slack_max: {slack}"
+    );
+    assert!(
+        moves[34..].iter().sum::<u64>() > 0,
+        "too little headroom: {moves:?}"
+    );
+    let (moves, slack, ..) = run("plan:false", false);
+    assert_eq!(slack, 0.0);
+    assert!(
+        moves[30..].iter().sum::<u64>() > 0,
+        "no marks: still moving {moves:?}"
+    );
+    let (_, slack, ..) = run("plan:false,page_slack_max:0", true);
+    assert_eq!(slack, 0.0);
+}
