@@ -203,6 +203,11 @@ pub struct Planner {
     gaps: Vec<(u64, u64)>,
     /// Gaps below this were tried and failed.
     floor: u64,
+    /// No recording starts before this allocation (backoff after ready plans that lost the sequence).
+    hold_until: u64,
+    /// Periods to wait after the next ready plan that loses the sequence (doubles each time, up to 64;
+    /// back to 1 when a plan is served).
+    backoff: u64,
     record: Option<Record>,
     plan: Option<Plan>,
     generations: u64,
@@ -238,6 +243,8 @@ impl Planner {
             chain: vec![(NO_SEQ, NO_SEQ); ring as usize],
             gaps: Vec::new(),
             floor: cfg.min_period,
+            hold_until: 0,
+            backoff: 1,
             record: None,
             plan: None,
             generations: 0,
@@ -317,7 +324,11 @@ impl Planner {
                 Status::Ready => {
                     serving = true;
                     if !plan.follow(size, fp) {
-                        // The sequence changed before the plan could start: drop it.
+                        // The sequence changed before the plan could start: drop it, and wait a
+                        // growing number of periods before packing another (packing is the planner's
+                        // one costly step; a loop that keeps leaving its plan would repack for ever).
+                        self.hold_until = n + self.backoff * plan.period;
+                        self.backoff = (self.backoff * 2).min(64);
                         self.plan = None;
                         self.stats.aborted_recordings += 1;
                     }
@@ -390,7 +401,7 @@ impl Planner {
         if self.last_seen.len() > 4 * self.hist.len() {
             self.last_seen.clear();
         }
-        if self.record.is_some() || self.plan.is_some() {
+        if self.record.is_some() || self.plan.is_some() || n < self.hold_until {
             return;
         }
         let confirmed = self
@@ -514,6 +525,7 @@ impl Planner {
         if let Some(p) = self.plan.as_mut().filter(|p| p.status == Status::Ready) {
             p.status = Status::Active;
             self.stats.activations += 1;
+            self.backoff = 1;
         }
     }
 

@@ -58,6 +58,9 @@ struct Owner {
     releases: u32,
     planned_allocs: u64,
     allocs: u64,
+    /// Serve a plan as soon as it is ready (an owner may decline, as the engine does while its tiers
+    /// move no page).
+    serve: bool,
 }
 
 impl Owner {
@@ -69,6 +72,7 @@ impl Owner {
             releases: 0,
             planned_allocs: 0,
             allocs: 0,
+            serve: true,
         }
     }
 
@@ -97,7 +101,7 @@ impl Owner {
                     if self.planner.take_release() {
                         self.release();
                     }
-                    if self.planner.wants_activation().is_some() {
+                    if self.serve && self.planner.wants_activation().is_some() {
                         assert!(!self.mapped);
                         self.mapped = true;
                         self.planner.activate();
@@ -239,4 +243,36 @@ fn an_aperiodic_sequence_is_never_planned() {
     let st = o.planner.stats();
     assert_eq!(st.activations, 0, "{st:?}");
     assert_eq!(o.planned_allocs, 0);
+}
+
+/// A ready plan the owner does not serve, dropped when the sequence leaves it, is not packed again at
+/// once: the planner waits a number of periods that doubles with each such drop (packing is its one
+/// costly step).
+#[test]
+#[cfg_attr(miri, ignore = "long under Miri")]
+fn ready_plans_that_lose_the_sequence_back_off() {
+    let mut o = Owner::new(PlanConfig {
+        confirm: 256,
+        max_period: 1024,
+        ..PlanConfig::default()
+    });
+    o.serve = false;
+    let mut base = 0;
+    let mut iterations_until_ready = || {
+        let mut n = 0;
+        while o.planner.stats().period == 0 {
+            base += 1000;
+            o.run(&iteration(base, 10, 1));
+            n += 1;
+            assert!(n < 400, "never ready again");
+        }
+        // Leave the sequence: the ready plan is dropped.
+        base += 1000;
+        o.run(&iteration(base, 10, 3));
+        assert_eq!(o.planner.stats().period, 0);
+        n
+    };
+    let waits: Vec<u32> = (0..4).map(|_| iterations_until_ready()).collect();
+    assert!(waits[3] > waits[1] && waits[2] > waits[0], "{waits:?}");
+    assert_eq!(o.planner.stats().activations, 0);
 }

@@ -113,6 +113,11 @@ pub struct Pool {
     large_since_free: AtomicU64,
     /// See `Pool::mark_iteration`.
     iterations: parking_lot::Mutex<IterationClock>,
+    /// Large allocations counted by `Pool::planner_awake`, page moves at its last check, its verdict.
+    plan_clock: AtomicU64,
+    plan_steals: AtomicU64,
+    /// Windows in a row with no page moved and no plan in use.
+    plan_quiet: AtomicU64,
     max_size: u64,
     /// Whether freed extent and buddy blocks go through the exact-size stream caches by configuration.
     caching: bool,
@@ -128,6 +133,12 @@ const NO_STREAM: u64 = u64::MAX;
 /// Large allocations in a row with no free in between after which the planner's slots are not used, at
 /// least (see `Pool::plan_alloc`: the limit is the longest such run of the recorded period, when longer).
 const PLAN_BURST: u64 = 8;
+
+/// Large allocations between the planner's wake-up checks (see `Pool::planner_awake`).
+const PLAN_WAKE_WINDOW: u64 = 1024;
+
+/// Quiet windows (no page moved, no plan in use) after which the planner sleeps.
+const PLAN_QUIET_WINDOWS: u64 = 4;
 
 /// Iteration marks that only start the move-budget clock (see `Pool::mark_iteration`).
 const WARM_ITERATIONS: u64 = 3;
@@ -419,6 +430,9 @@ impl Pool {
             invalid_frees: AtomicU64::new(0),
             large_since_free: AtomicU64::new(0),
             iterations: parking_lot::Mutex::new(IterationClock::default()),
+            plan_clock: AtomicU64::new(0),
+            plan_steals: AtomicU64::new(0),
+            plan_quiet: AtomicU64::new(0),
         })
     }
 
@@ -540,8 +554,8 @@ impl Pool {
         // does not change as the classifier learns); a planned slot overrides the route: the plan knows
         // the block's lifetime from the last period.
         if size > self.slab.max_size() && !self.multi_stream.load(Ordering::Acquire) {
-            if let Some(pt) = &self.plan {
-                let run = self.large_since_free.fetch_add(1, Relaxed);
+            let run = self.large_since_free.fetch_add(1, Relaxed);
+            if let Some(pt) = self.plan.as_ref().filter(|pt| self.planner_awake(pt)) {
                 match self.plan_alloc(pt, size, run) {
                     Decision::Planned { offset, ticket: t } => {
                         planned = Some(pt.region.base() + offset);
@@ -690,6 +704,28 @@ impl Pool {
             }
         }
         done
+    }
+
+    /// Whether the planner should see this large allocation. After [`PLAN_QUIET_WINDOWS`] windows of
+    /// [`PLAN_WAKE_WINDOW`] large allocations in which the tiers moved no page and no plan was in use it
+    /// sleeps, costing nothing (a plan could only cost memory there: ResNet-50's layout repeats in
+    /// place); the first window that moves a page wakes it.
+    fn planner_awake(&self, pt: &PlanTier) -> bool {
+        let n = self.plan_clock.fetch_add(1, Relaxed);
+        if n % PLAN_WAKE_WINDOW == 0 {
+            let steals = self.pages.stats().steals;
+            let moving = steals > self.plan_steals.swap(steals, Relaxed);
+            let busy = {
+                let s = pt.inner.lock().planner.stats();
+                s.active || s.planned_live > 0
+            };
+            if moving || busy {
+                self.plan_quiet.store(0, Relaxed);
+            } else {
+                self.plan_quiet.fetch_add(1, Relaxed);
+            }
+        }
+        self.plan_quiet.load(Relaxed) < PLAN_QUIET_WINDOWS
     }
 
     /// One large-block allocation through the planner: the plan's slot (its pages committed), or where
@@ -1041,6 +1077,12 @@ impl Pool {
         }
         it.last = Some(now);
         it.move_ns = move_ns;
+    }
+
+    /// A replay pass begins (a whole recorded run, not one iteration of it): the classifier takes it as a
+    /// period mark; the move budget does not (a replay has no device work whose time moves could share).
+    pub fn mark_pass(&self) {
+        self.classifier.mark_iteration();
     }
 
     /// The page headroom in force (`page_slack`, grown by [`Pool::mark_iteration`]).

@@ -146,7 +146,8 @@ impl ReplayAllocator for EngineReplay {
     }
 
     fn mark_iteration(&mut self) {
-        self.pool.mark_iteration();
+        // The driver marks each pass: a whole run, not an iteration of one.
+        self.pool.mark_pass();
     }
 
     fn tiers(&self) -> Vec<TierReport> {
