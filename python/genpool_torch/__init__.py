@@ -237,7 +237,8 @@ def mark_iteration(device: Any = None) -> None:
 
 class step(contextlib.ContextDecorator):
     """Mark one training iteration: ``with genpool_torch.step(): ...`` or ``@genpool_torch.step()``.
-    The iteration is marked on exit (also when the body raises)."""
+    The iteration is marked on exit (also when the body raises). The engine uses the marks to learn the
+    period and to keep page moves within its move budget (``move_budget``, ``page_slack_max``)."""
 
     def __init__(self, device: Any = None):
         self.device = device
