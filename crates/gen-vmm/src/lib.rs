@@ -41,14 +41,16 @@
 //! So in single-stream training a page move costs a map now and an unmap later, never a device
 //! synchronize.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use gen_device::{Device, DeviceError, DevicePtr, EventHandle, PhysHandle, StreamId};
 
+mod freeset;
 mod tally;
+use freeset::FreeSet;
 use parking_lot::Mutex;
 pub use tally::PageTally;
 
@@ -184,7 +186,7 @@ struct Inner {
     regions: Vec<Option<RegionPages>>,
     /// Free-mapped pages as (page index, region id). Steals take the highest page index first, so each
     /// region's low addresses — where its tier packs the working set — stay mapped.
-    free_mapped: BTreeSet<(u32, u32)>,
+    free_mapped: FreeSet,
     free_handles: Vec<PhysHandle>,
     stats: PagePoolStats,
     /// The one stream all work runs on, when the caller says so: fences are recorded there, and warm
@@ -243,7 +245,7 @@ impl PagePool {
             cfg,
             inner: Mutex::new(Inner {
                 regions: Vec::new(),
-                free_mapped: BTreeSet::new(),
+                free_mapped: FreeSet::default(),
                 free_handles: Vec::new(),
                 stats: PagePoolStats {
                     page_size: page,
@@ -279,7 +281,7 @@ impl PagePool {
     pub fn stats(&self) -> PagePoolStats {
         let g = self.inner.lock();
         let mut s = g.stats;
-        s.pages_free_mapped = g.free_mapped.len() as u64;
+        s.pages_free_mapped = g.free_mapped.len();
         s.pages_free_unmapped = g.free_handles.len() as u64;
         s
     }
@@ -579,7 +581,7 @@ impl PagePool {
                 .filter(|p| p.refs == 0 && p.handle.is_some())
                 .count() as u64
         };
-        let spare = g.free_handles.len() as u64 + (g.free_mapped.len() as u64 - own_free_mapped);
+        let spare = g.free_handles.len() as u64 + (g.free_mapped.len() - own_free_mapped);
         let to_create = need.saturating_sub(spare);
         if to_create > 0 {
             if !grow {
@@ -960,7 +962,7 @@ impl PagePool {
             }
         }
         g.regions[rid as usize] = None;
-        g.free_mapped.retain(|&(_, r)| r != rid);
+        g.free_mapped.remove_region(rid);
         g.zombies.retain(|&(_, r, _)| r != rid);
         match first_err {
             Some(e) => Err(e),
