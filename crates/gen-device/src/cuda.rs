@@ -385,26 +385,7 @@ impl Device for CudaDevice {
     }
 
     fn map(&self, va: DevicePtr, bytes: u64, handle: PhysHandle) -> Result<()> {
-        let call = "cuMemMap";
-        self.enter()?;
-        let phys = self.phys.read();
-        match phys.get(&handle.0) {
-            None => {
-                return Err(inval(
-                    call,
-                    format!("unknown physical handle {:#x}", handle.0),
-                ))
-            }
-            Some(&size) if size != bytes => {
-                return Err(inval(
-                    call,
-                    format!("size {bytes:#x} differs from the handle's size {size:#x}"),
-                ))
-            }
-            Some(_) => {}
-        }
-        // SAFETY: the handle is live and of `bytes` bytes; the read lock keeps it from being released.
-        unsafe { raw::mem_map(va, usize_of(call, bytes)?, handle.0, self.ordinal_c) }
+        self.map_run(va, bytes, std::slice::from_ref(&handle))
     }
 
     fn map_run(&self, va: DevicePtr, bytes: u64, handles: &[PhysHandle]) -> Result<()> {

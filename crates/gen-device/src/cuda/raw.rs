@@ -315,37 +315,6 @@ pub(super) unsafe fn mem_release(handle: CUmemGenericAllocationHandle) -> Result
     guarded("cuMemRelease", || unsafe { sys::cuMemRelease(handle) })
 }
 
-/// `cuMemMap` of the whole of `handle` at `va`, then `cuMemSetAccess` read-write for `ordinal`; the mapping
-/// is undone if setting the access fails.
-///
-/// # Safety
-/// `handle` is a live handle from [`mem_create`] of `bytes` bytes.
-pub(super) unsafe fn mem_map(
-    va: CUdeviceptr,
-    bytes: usize,
-    handle: CUmemGenericAllocationHandle,
-    ordinal: c_int,
-) -> Result<()> {
-    // SAFETY: the caller guarantees a live handle; the driver validates the VA range.
-    guarded("cuMemMap", || unsafe {
-        sys::cuMemMap(va, bytes, 0, handle, 0)
-    })?;
-    let desc = sys::CUmemAccessDesc {
-        location: device_location(ordinal),
-        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-    };
-    // SAFETY: `desc` is one initialized descriptor; the range was just mapped.
-    let r = guarded("cuMemSetAccess", || unsafe {
-        sys::cuMemSetAccess(va, bytes, &desc, 1)
-    });
-    if let Err(e) = r {
-        // SAFETY: the range was mapped just above and nothing can use it yet.
-        let _ = unsafe { mem_unmap(va, bytes) };
-        return Err(e);
-    }
-    Ok(())
-}
-
 /// `cuMemMap` of each handle (each of `bytes` bytes) back to back from `va`, then one `cuMemSetAccess`
 /// read-write for `ordinal` over the whole run; on any error everything mapped here is unmapped again.
 ///
