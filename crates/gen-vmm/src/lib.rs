@@ -336,11 +336,8 @@ impl PagePool {
     /// synchronize (see the crate docs). Switching from `Some` to `None` must follow a device
     /// synchronize and [`PagePool::synchronized`], so that nothing moved by aliasing is still pending.
     pub fn set_fence_stream(&self, stream: Option<StreamId>) {
-        let mut g = self.inner.lock();
-        if g.fence_stream != stream {
-            // Fences recorded on the old stream still complete; they simply cover less from now on.
-            g.fence_stream = stream;
-        }
+        // Fences recorded on an earlier stream still complete; they simply cover less from now on.
+        self.inner.lock().fence_stream = stream;
     }
 
     /// Tell the pool the device has just been synchronized: every page freed so far is idle, and old
@@ -362,16 +359,20 @@ impl PagePool {
         }
     }
 
+    /// The oldest fence has completed: everything freed up to its epoch is idle; its event is reused.
+    fn retire_oldest_fence(g: &mut Inner) {
+        if let Some((epoch, ev)) = g.fences.pop_front() {
+            g.spare_events.push(ev);
+            g.done_epoch = g.done_epoch.max(epoch + 1);
+        }
+    }
+
     /// Learn which fences have completed (one `event_query` per fence, oldest first, stopping at the first
     /// pending one).
     fn poll_fences(&self, g: &mut Inner) {
-        while let Some(&(epoch, ev)) = g.fences.front() {
+        while let Some(&(_, ev)) = g.fences.front() {
             match self.device.event_query(ev) {
-                Ok(true) => {
-                    g.fences.pop_front();
-                    g.spare_events.push(ev);
-                    g.done_epoch = g.done_epoch.max(epoch + 1);
-                }
+                Ok(true) => Self::retire_oldest_fence(g),
                 Ok(false) => break,
                 Err(e) => {
                     // A fence that cannot be queried is treated as pending; a synchronize clears it.
@@ -389,14 +390,12 @@ impl PagePool {
             return false;
         };
         if g.fences.len() >= MAX_FENCES {
-            let (epoch, ev) = g.fences.pop_front().expect("non-empty");
+            let (_, ev) = g.fences[0];
             if let Err(e) = self.device.event_synchronize(ev) {
                 log::debug!("gen-vmm: waiting for the oldest fence: {e}");
-                g.fences.push_front((epoch, ev));
                 return false;
             }
-            g.spare_events.push(ev);
-            g.done_epoch = g.done_epoch.max(epoch + 1);
+            Self::retire_oldest_fence(g);
         }
         let ev = match g.spare_events.pop() {
             Some(ev) => ev,
@@ -481,25 +480,8 @@ impl PagePool {
         first_err.map_or(Ok(()), Err)
     }
 
-    /// Unmap the zombie mapping of `(rid, pidx)` if it is still the zombie of `epoch`.
-    fn unmap_zombie(&self, g: &mut Inner, rid: u32, pidx: u32, epoch: u64) -> Result<(), VmmError> {
-        let Some(r) = g.regions.get_mut(rid as usize).and_then(Option::as_mut) else {
-            return Ok(());
-        };
-        let p = &mut r.pages[pidx as usize];
-        if p.zombie != Some(epoch) {
-            return Ok(());
-        }
-        let va = r.base + pidx as u64 * self.page;
-        self.device.unmap(va, self.page)?;
-        p.zombie = None;
-        g.stats.unmaps += 1;
-        g.stats.zombies -= 1;
-        Ok(())
-    }
-
     /// Make the zombie mapping under `(rid, pidx)` go now: waits for its fence (recording one first if
-    /// none covers it yet), or synchronizes the device.
+    /// none covers it yet), or synchronizes the device, then unmaps it with every other idle zombie.
     fn clear_zombie(
         &self,
         g: &mut Inner,
@@ -521,18 +503,22 @@ impl PagePool {
             }
             // Wait for the oldest fences up to the one covering this zombie.
             while epoch >= g.done_epoch {
-                let Some(&(fe, ev)) = g.fences.front() else {
+                let Some(&(_, ev)) = g.fences.front() else {
                     self.sync_all(g, synced)?;
                     break;
                 };
                 self.device.event_synchronize(ev)?;
-                g.fences.pop_front();
-                g.spare_events.push(ev);
-                g.done_epoch = g.done_epoch.max(fe + 1);
+                Self::retire_oldest_fence(g);
                 g.stats.syncs += 1;
             }
         }
-        self.unmap_zombie(g, rid, pidx, epoch)
+        self.reap_zombies(g)?;
+        let r = g.regions[rid as usize].as_ref().expect("registered region");
+        debug_assert!(
+            r.pages[pidx as usize].zombie.is_none(),
+            "an idle zombie is reaped"
+        );
+        Ok(())
     }
 
     fn register(&self, name: &'static str, base: DevicePtr, len: u64) -> u32 {
@@ -890,28 +876,31 @@ impl PagePool {
 
     fn unregister(&self, rid: u32) -> Result<(), VmmError> {
         let mut g = self.inner.lock();
-        let (base, n) = {
+        let (base, n, mapped) = {
             let r = g.regions[rid as usize].as_ref().expect("registered region");
-            (r.base, r.pages.len())
+            let mapped = r
+                .pages
+                .iter()
+                .any(|p| p.handle.is_some() || p.zombie.is_some());
+            (r.base, r.pages.len(), mapped)
         };
         let mut first_err = None;
-        let mut synced = false;
+        // Mapped pages (own or zombie) may still be used by queued work: one synchronize first.
+        if mapped {
+            match self.device.synchronize() {
+                Ok(()) => self.all_complete(&mut g),
+                Err(e) => {
+                    first_err.get_or_insert(VmmError::from(e));
+                }
+            }
+        }
         for pidx in 0..n {
             let p = g.regions[rid as usize]
                 .as_ref()
                 .expect("registered region")
                 .pages[pidx];
             if p.zombie.is_some() {
-                // An old mapping left by an aliasing move: wait for its users, then unmap it.
-                if !synced {
-                    synced = true;
-                    match self.device.synchronize() {
-                        Ok(()) => self.all_complete(&mut g),
-                        Err(e) => {
-                            first_err.get_or_insert(VmmError::from(e));
-                        }
-                    }
-                }
+                // An old mapping left by an aliasing move.
                 match self.device.unmap(base + pidx as u64 * self.page, self.page) {
                     Ok(()) => {
                         g.stats.unmaps += 1;
@@ -935,15 +924,6 @@ impl PagePool {
                 );
             } else {
                 g.free_mapped.remove(&(pidx as u32, rid));
-            }
-            if !synced {
-                synced = true;
-                match self.device.synchronize() {
-                    Ok(()) => self.all_complete(&mut g),
-                    Err(e) => {
-                        first_err.get_or_insert(VmmError::from(e));
-                    }
-                }
             }
             let r = g.regions[rid as usize].as_mut().expect("registered region");
             r.pages[pidx].handle = None;
