@@ -254,6 +254,11 @@ impl Planner {
         }
     }
 
+    /// Allocations a served plan did not expect so far (`stats().misses`, without building the rest).
+    pub fn misses(&self) -> u64 {
+        self.stats.misses
+    }
+
     /// Counters.
     pub fn stats(&self) -> PlanStats {
         let mut s = self.stats;

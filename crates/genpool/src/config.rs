@@ -193,6 +193,17 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("'{s}' overflows 64 bits"))
 }
 
+/// A fraction between 0 and 1 (headrooms, budgets, thresholds).
+fn parse_fraction(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|_| "expected a fraction, e.g. 0.01".to_string())?;
+    if !(0.0..=1.0).contains(&v) {
+        return Err("must be between 0 and 1".into());
+    }
+    Ok(v)
+}
+
 fn parse_bool(s: &str) -> Result<bool, String> {
     match s.trim().to_ascii_lowercase().as_str() {
         "1" | "true" | "yes" | "on" => Ok(true),
@@ -299,38 +310,11 @@ impl Config {
                 }
                 self.plan_max_period = v;
             }
-            "plan_min_moves" => {
-                let v: f64 = value
-                    .parse()
-                    .map_err(|_| bad("expected a fraction, e.g. 0.005".into()))?;
-                if !(0.0..=1.0).contains(&v) {
-                    return Err(bad("must be between 0 and 1".into()));
-                }
-                self.plan_min_moves = v;
-            }
+            "plan_min_moves" => self.plan_min_moves = parse_fraction(value).map_err(bad)?,
             "extent_generations" => self.extent_generations = parse_bool(value).map_err(bad)?,
-            "page_slack_max" | "move_budget" => {
-                let v: f64 = value
-                    .parse()
-                    .map_err(|_| bad("expected a fraction, e.g. 0.01".into()))?;
-                if !(0.0..=1.0).contains(&v) {
-                    return Err(bad("must be between 0 and 1".into()));
-                }
-                if key == "page_slack_max" {
-                    self.page_slack_max = v;
-                } else {
-                    self.move_budget = v;
-                }
-            }
-            "page_slack" => {
-                let v: f64 = value
-                    .parse()
-                    .map_err(|_| bad("expected a fraction, e.g. 0.01".into()))?;
-                if !(0.0..=1.0).contains(&v) {
-                    return Err(bad("must be between 0 and 1".into()));
-                }
-                self.page_slack = v;
-            }
+            "page_slack_max" => self.page_slack_max = parse_fraction(value).map_err(bad)?,
+            "move_budget" => self.move_budget = parse_fraction(value).map_err(bad)?,
+            "page_slack" => self.page_slack = parse_fraction(value).map_err(bad)?,
             _ => {
                 return Err(ConfigError::UnknownKey {
                     key: key.to_string(),

@@ -735,9 +735,9 @@ impl Pool {
     fn plan_alloc(&self, pt: &PlanTier, size: u64, run: u64) -> Decision {
         let mut g = pt.inner.lock();
         g.planner.note_run(run);
-        let misses = g.planner.stats().misses;
+        let misses = g.planner.misses();
         let d = g.planner.on_alloc(size);
-        if g.pinned_pages > 0 && g.planner.stats().misses > misses {
+        if g.pinned_pages > 0 && g.planner.misses() > misses {
             // The sequence left the plan (a new phase of the program): every allocation it does not
             // cover would grow the tiers beside pages pinned for blocks that may not come. Drop the plan
             // and give its idle pages back now; a new plan is learnt if the sequence repeats again.
@@ -751,9 +751,9 @@ impl Pool {
         }
         if let Some(footprint) = g.planner.wants_activation() {
             // A plan exists to stop page moves: serve it only once two whole periods in a row have each
-            // moved at least `plan_min_moves` (1/200) of its footprint (one period of moves is a transient: a new phase
-            // settling). Where the tiers' layout already repeats in place (ResNet-50) the plan stays
-            // ready and unused, costing neither memory nor moves.
+            // moved at least `plan_min_moves` (1/200) of its footprint (one period of moves is a
+            // transient: a new phase settling). Where the tiers' layout already repeats in place
+            // (ResNet-50) the plan stays ready and unused, costing neither memory nor moves.
             let min_moves = self.cfg.plan_min_moves;
             let moves = self.pages.stats().steals;
             let moved = g.moves_at_phase.replace(moves).map(|m| moves - m);
@@ -1083,11 +1083,6 @@ impl Pool {
     /// period mark; the move budget does not (a replay has no device work whose time moves could share).
     pub fn mark_pass(&self) {
         self.classifier.mark_iteration();
-    }
-
-    /// The page headroom in force (`page_slack`, grown by [`Pool::mark_iteration`]).
-    pub fn page_slack(&self) -> f64 {
-        self.pages.slack()
     }
 
     /// Give back everything cached: blocks held for reuse, empty slab chunks, unused pages and the driver
