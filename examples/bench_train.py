@@ -22,6 +22,13 @@ estimated (the longest run of the same model so far, else a default per model; a
 runs) and a run that would end past the budget is skipped and marked so; runs are also cut at the budget.
 --table FILE prints the table of an existing results.jsonl.
 
+--repeats R runs every (model, allocator) R times, interleaved (repeat r in --allocators order, the next in
+reverse, so drift over the call hits both sides alike): the table then shows medians over the runs and,
+below it, each repeat's genpool/native ratio and the host time per step (train.py's median host time to
+issue a step: close to the step time where the step is host-bound). Host-bound models (ResNet-50 at batch
+64, the small shapes of the random-length models) vary by tens of percent between processes on the same
+machine; one pair of runs cannot show a 1 % difference.
+
 --check-losses runs train.py --check-losses for each of --check-models (default gpt2): genpool's first
 --check-steps losses must equal native's exactly under deterministic algorithms. Exit status: 0 all ran
 and matched, 1 an error or a loss mismatch, 2 some runs were skipped for the budget (none failed).
@@ -83,9 +90,19 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "backward)")
     p.add_argument("--check-steps", type=int, default=20)
     p.add_argument("--genpool-conf", default=None, help="GENPOOL_CONF for the genpool runs")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs of each (model, allocator), interleaved: repeat r runs the allocators in order, "
+                        "the next one in reverse (default 1)")
+    p.add_argument("--sample-ms", type=float, default=None,
+                   help="train.py --sample-ms (NVML sampling interval; 0 = none)")
+    p.add_argument("--genpool-timing", action="store_true", help="train.py --genpool-timing for genpool runs")
     p.add_argument("--table", type=Path, default=None, metavar="RESULTS_JSONL",
                    help="print the table of an existing results file and exit")
     args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error("--repeats must be at least 1")
+    if args.sample_ms is not None and args.sample_ms < 0:
+        p.error("--sample-ms must not be negative")
     if args.steps < 1 or args.warmup < 0 or args.check_steps < 1:
         p.error("--steps and --check-steps must be at least 1, --warmup at least 0")
     if args.timeout <= 0 or args.budget_s < 0:
@@ -101,6 +118,10 @@ def train_cmd(args: argparse.Namespace, model: str, allocator: str) -> List[str]
            "--steps", str(args.steps + args.warmup), "--warmup", str(args.warmup), "--json", "--quiet"]
     if args.genpool_conf:
         cmd += ["--genpool-conf", args.genpool_conf]
+    if args.sample_ms is not None:
+        cmd += ["--sample-ms", f"{args.sample_ms:g}"]
+    if args.genpool_timing and allocator == "genpool":
+        cmd.append("--genpool-timing")
     return cmd
 
 
@@ -173,48 +194,94 @@ def _mib(x) -> str:
     return f"{x / 2**20:.0f}" if isinstance(x, (int, float)) else "-"
 
 
+def _median(xs: Sequence[float]) -> Optional[float]:
+    xs = sorted(x for x in xs if isinstance(x, (int, float)))
+    if not xs:
+        return None
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+
+
+def _runs_by_key(records: Iterable[Dict[str, Any]]) -> Dict[Tuple[str, str], List[Dict[str, Any]]]:
+    runs: Dict[Tuple[str, str], List[Dict[str, Any]]] = {}
+    for r in records:
+        if r.get("kind") == "run":
+            runs.setdefault((r["model"], r["allocator"]), []).append(r)
+    return runs
+
+
+def _summary(rs: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """Median over the successful runs of one (model, allocator) of each figure; None if none ran."""
+    ok = [r for r in rs if "skipped" not in r and "error" not in r]
+    if not ok:
+        return None
+    keys = ("median_step_ms", "mean_step_ms", "peak_bytes", "allocator_reserved_peak",
+            "allocator_allocated_peak", "median_host_ms")
+    out = {k: _median([r.get(k) for r in ok]) for k in keys}
+    out["runs"] = len(ok)
+    out["peak_method"] = ok[-1].get("peak_method", "?")
+    return out
+
+
 def format_table(records: Iterable[Dict[str, Any]]) -> str:
     """Markdown table of result records (as written to results.jsonl), rows in the order first seen,
-    step times and peaks relative to the same model's native run."""
-    runs: Dict[Tuple[str, str], Dict[str, Any]] = {}
+    step times and peaks relative to the same model's native run. With several runs of a (model,
+    allocator) (--repeats), every figure is the median over its runs, and a second table gives the run
+    count and the ratio to native of each repeat (runs of the same repeat index are interleaved: the
+    fairest pairs)."""
+    records = list(records)
     checks: Dict[str, str] = {}
     for r in records:
         if r.get("kind") == "check":
             checks[r["model"]] = ("skipped" if "skipped" in r else "error" if "error" in r
                                   else "equal" if r.get("ok") else "DIFFER")
-        elif r.get("kind") == "run":
-            runs[(r["model"], r["allocator"])] = r
+    runs = _runs_by_key(records)
+    sums = {k: _summary(v) for k, v in runs.items()}
     lines = ["| model | allocator | median step (ms) | vs native | mean step (ms) | peak memory (MiB) "
              "| vs native | allocator reserved / allocated peak (MiB) | losses vs native |",
              "|---|---|---|---|---|---|---|---|---|"]
     methods = set()
-    for (model, alloc), r in runs.items():
-        base = runs.get((model, "native"), {})
+    for (model, alloc), rs in runs.items():
+        base = sums.get((model, "native")) or {}
         check = checks.get(model, "-") if alloc == "genpool" else ""
-        if "skipped" in r:
-            lines.append(f"| {model} | {alloc} | skipped ({r['skipped']}) ||||||{check} |")
-            continue
-        if "error" in r:
-            last = (r["error"] or "?").strip().splitlines()[-1:] or ["?"]
-            msg = last[0].replace("|", "/")[:160]
+        r = sums[(model, alloc)]
+        if r is None:
+            last = rs[-1]
+            if "skipped" in last:
+                lines.append(f"| {model} | {alloc} | skipped ({last['skipped']}) ||||||{check} |")
+                continue
+            msg = ((last.get("error") or "?").strip().splitlines()[-1:] or ["?"])[0].replace("|", "/")[:160]
             lines.append(f"| {model} | {alloc} | error: {msg} ||||||{check} |")
             continue
-        methods.add(r.get("peak_method", "?"))
-        reserved = r.get("allocator_reserved_peak")
-        allocated = r.get("allocator_allocated_peak")
+        methods.add(r["peak_method"])
         mean = r.get("mean_step_ms")
         lines.append(
             f"| {model} | {alloc} | {r['median_step_ms']:.2f} | "
             f"{_ratio(r['median_step_ms'], base.get('median_step_ms'))} | "
             f"{'-' if mean is None else f'{mean:.2f}'} | "
             f"{_mib(r.get('peak_bytes'))} | {_ratio(r.get('peak_bytes'), base.get('peak_bytes'))} | "
-            f"{_mib(reserved)} / {_mib(allocated)} | {check} |")
+            f"{_mib(r.get('allocator_reserved_peak'))} / {_mib(r.get('allocator_allocated_peak'))} | {check} |")
     for model, state in checks.items():
         if (model, "genpool") not in runs:
             lines.append(f"| {model} | genpool (loss check only) |||||||{state} |")
     if methods:
         lines.append("")
         lines.append(f"Peak memory sampled by: {', '.join(sorted(methods))}.")
+    if any((s or {}).get("runs", 0) > 1 for s in sums.values()):
+        lines += ["", "| model | allocator | runs | median step, per repeat / native's (sorted) "
+                  "| median host time per step (ms) | vs native |", "|---|---|---|---|---|---|"]
+        for (model, alloc), rs in runs.items():
+            r = sums[(model, alloc)]
+            if r is None or alloc == "native":
+                continue
+            native = {x.get("repeat"): x for x in runs.get((model, "native"), []) if "median_step_ms" in x}
+            pairs = sorted(x["median_step_ms"] / native[x.get("repeat")]["median_step_ms"]
+                           for x in rs if "median_step_ms" in x and x.get("repeat") in native)
+            base = sums.get((model, "native")) or {}
+            host = r.get("median_host_ms")
+            lines.append(f"| {model} | {alloc} | {r['runs']} | {', '.join(f'{p:.3f}' for p in pairs) or '-'} | "
+                         f"{'-' if host is None else f'{host:.2f}'} | "
+                         f"{_ratio(host, base.get('median_host_ms'))} |")
     return "\n".join(lines) + "\n"
 
 
@@ -280,21 +347,26 @@ def main(argv: Optional[Sequence[str]] = None, runner=run, clock: Callable[[], f
         return (res, err, dt), None
 
     for model in args.models:
-        for alloc in args.allocators:
-            done, reason = timed(train_cmd(args, model, alloc), model, f"{model}-{alloc}", args.timeout,
-                                 estimate_s(model, durations))
-            if reason:
-                skipped += 1
-                rec.add({"kind": "run", "model": model, "allocator": alloc, "skipped": reason})
-                continue
-            res, err, dt = done
-            if res is None:
-                failed += 1
-                res = {"model": model, "allocator": alloc, "error": err}
-            res.pop("losses", None)
-            res["kind"] = "run"
-            res["elapsed_s"] = round(dt, 1)
-            rec.add(res)
+        for rep in range(args.repeats):
+            order = args.allocators if rep % 2 == 0 else args.allocators[::-1]
+            for alloc in order:
+                name = f"{model}-{alloc}" + (f"-{rep}" if args.repeats > 1 else "")
+                done, reason = timed(train_cmd(args, model, alloc), model, name, args.timeout,
+                                     estimate_s(model, durations))
+                extra = {"repeat": rep} if args.repeats > 1 else {}
+                if reason:
+                    skipped += 1
+                    rec.add({"kind": "run", "model": model, "allocator": alloc, "skipped": reason, **extra})
+                    continue
+                res, err, dt = done
+                if res is None:
+                    failed += 1
+                    res = {"model": model, "allocator": alloc, "error": err}
+                res.pop("losses", None)
+                res["kind"] = "run"
+                res["elapsed_s"] = round(dt, 1)
+                res.update(extra)
+                rec.add(res)
         if args.check_losses and model in args.check_models:
             done, reason = timed(check_cmd(args, model), f"{model}-check", f"{model}-check",
                                  2 * args.timeout, estimate_s(model, durations, check=True))

@@ -64,7 +64,13 @@ def parse_args(argv=None):
                    help="run native and genpool deterministically in fresh processes; compare the losses")
     p.add_argument("--check-steps", type=int, default=20)
     p.add_argument("--genpool-conf", default=None, help="GENPOOL_CONF for the genpool run")
+    p.add_argument("--sample-ms", type=float, default=2.0,
+                   help="NVML peak-memory sampling interval in ms (0 = no sampling thread: peak_bytes is null)")
+    p.add_argument("--genpool-timing", action="store_true",
+                   help="GENPOOL_TIMING=1: genpool times its malloc/free calls on the host (a little overhead)")
     args = p.parse_args(argv)
+    if args.sample_ms < 0:
+        p.error("--sample-ms must not be negative")
     if args.steps < 1 or args.warmup < 0 or args.check_steps < 1:
         p.error("--steps and --check-steps must be at least 1, --warmup at least 0")
     return args
@@ -80,6 +86,22 @@ def configure_allocator_env(args) -> None:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     if args.genpool_conf:
         os.environ["GENPOOL_CONF"] = args.genpool_conf
+    if args.genpool_timing:
+        os.environ["GENPOOL_TIMING"] = "1"
+
+
+def _delta(after, before):
+    """Numeric leaves of ``after`` minus those of ``before`` (nested dicts; other values dropped)."""
+    if isinstance(after, dict):
+        out = {}
+        for k, v in after.items():
+            d = _delta(v, (before or {}).get(k) if isinstance(before, dict) else None)
+            if d is not None:
+                out[k] = d
+        return out
+    if isinstance(after, (int, float)) and not isinstance(after, bool):
+        return after - (before if isinstance(before, (int, float)) else 0)
+    return None
 
 
 class PeakSampler:
@@ -220,7 +242,7 @@ def build(args, torch, device):
 
 def train(args) -> dict:
     configure_allocator_env(args)
-    sampler = PeakSampler(0)  # NVML baseline before torch touches CUDA
+    sampler = PeakSampler(0, args.sample_ms / 1e3) if args.sample_ms else None  # NVML baseline before CUDA
     gp = None
     if args.allocator == "genpool":
         try:
@@ -239,11 +261,13 @@ def train(args) -> dict:
     torch.manual_seed(args.seed)
     torch.cuda.manual_seed_all(args.seed)
     device = torch.device("cuda", 0)
-    sampler.start()
+    if sampler is not None:
+        sampler.start()
 
     model, opt, step_fn = build(args, torch, device)
     warmup = args.warmup if args.steps > args.warmup else 0
-    loss_tensors, ends = [], []
+    loss_tensors, ends, host = [], [], []
+    before = gp.raw_stats(0) if gp is not None and warmup == 0 else None
     start = torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     start.record()
@@ -251,15 +275,19 @@ def train(args) -> dict:
     for i in range(args.steps):
         if i == warmup and i > 0:  # the timed steps start from an idle GPU
             torch.cuda.synchronize()
+            if gp is not None:
+                before = gp.raw_stats(0)
             start = torch.cuda.Event(enable_timing=True)
             start.record()
             t0 = time.perf_counter()
+        h0 = time.perf_counter()
         ctx = gp.step() if gp is not None else _null()
         with ctx:
             loss = step_fn(i)
             opt.step()
             opt.zero_grad(set_to_none=True)
         loss_tensors.append(loss.detach())
+        host.append((time.perf_counter() - h0) * 1e3)
         end = torch.cuda.Event(enable_timing=True)
         end.record()
         ends.append((start, end) if i in (0, warmup) else (ends[-1][1], end))
@@ -267,7 +295,7 @@ def train(args) -> dict:
     wall = time.perf_counter() - t0
     losses = [x.item() for x in loss_tensors]
     times = [a.elapsed_time(b) for a, b in ends]  # ms
-    peak = sampler.stop()
+    peak = sampler.stop() if sampler is not None else None
     if not args.quiet:
         for i, (value, ms) in enumerate(zip(losses, times)):
             print(f"step {i:4d}  loss {value!r}  time {ms:9.2f} ms", flush=True)
@@ -281,8 +309,12 @@ def train(args) -> dict:
         "median_step_ms": statistics.median(timed),
         "mean_step_ms": wall * 1e3 / len(timed),
         "step_ms": [round(t, 3) for t in timed],
+        # Host time to issue each timed step (Python + PyTorch + allocator); a step is host-bound when
+        # this is close to its step time.
+        "host_step_ms": [round(t, 3) for t in host[warmup:]],
+        "median_host_ms": statistics.median(host[warmup:]),
         "peak_bytes": peak,
-        "peak_method": sampler.method,
+        "peak_method": sampler.method if sampler is not None else "none",
         "losses": losses,
         "gpu": torch.cuda.get_device_name(0),
         "torch": torch.__version__,
@@ -295,6 +327,13 @@ def train(args) -> dict:
         result["genpool_invalid_frees"] = s["num_invalid_frees"]
         # Page work over the whole run (creates, maps, unmaps, moves, aliases, synchronizes, fences).
         result["genpool_pages"] = s.get("pages")
+        if s.get("host_timing"):
+            result["genpool_host_timing"] = s["host_timing"]
+        if before is not None:
+            # The same counters over the timed steps only (page moves, host time in genpool).
+            result["genpool_timed"] = _delta({"pages": s.get("pages"), "host_timing": s.get("host_timing")},
+                                             {"pages": before.get("pages"),
+                                              "host_timing": before.get("host_timing")})
     else:
         try:
             result["allocator_reserved_peak"] = torch.cuda.max_memory_reserved(0)
@@ -303,8 +342,8 @@ def train(args) -> dict:
             pass
     if result.get("allocator_allocated_peak"):
         result["allocator_ratio"] = result["allocator_reserved_peak"] / result["allocator_allocated_peak"]
-    print(f"median step {result['median_step_ms']:.2f} ms; peak {peak / 2**20:.1f} MiB "
-          f"({sampler.method}); allocator reserved peak "
+    print(f"median step {result['median_step_ms']:.2f} ms; peak {(peak or 0) / 2**20:.1f} MiB "
+          f"({result['peak_method']}); allocator reserved peak "
           f"{result.get('allocator_reserved_peak', 0) / 2**20:.1f} MiB", file=sys.stderr if args.json else sys.stdout)
     return result
 

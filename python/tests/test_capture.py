@@ -355,7 +355,8 @@ class BenchTrainTest(unittest.TestCase):
 
     def test_bad_args(self):
         for argv in (["--models", "gpt3"], ["--models", ""], ["--allocators", "rmm"], ["--steps", "0"],
-                     ["--budget-s", "-1"], ["--check-models", "resnet50"], ["--timeout", "0"]):
+                     ["--budget-s", "-1"], ["--check-models", "resnet50"], ["--timeout", "0"],
+                     ["--repeats", "0"], ["--sample-ms", "-2"]):
             with self.subTest(argv=argv), open(os.devnull, "w") as null:
                 old, sys.stderr = sys.stderr, null
                 try:
@@ -363,7 +364,7 @@ class BenchTrainTest(unittest.TestCase):
                         bench.parse_args(argv)
                 finally:
                     sys.stderr = old
-        for argv in (["--model", "gpt3"], ["--steps", "0"], ["--warmup", "-1"]):
+        for argv in (["--model", "gpt3"], ["--steps", "0"], ["--warmup", "-1"], ["--sample-ms", "-1"]):
             with self.subTest(argv=argv), open(os.devnull, "w") as null:
                 old, sys.stderr = sys.stderr, null
                 try:
@@ -443,6 +444,45 @@ class BenchTrainTest(unittest.TestCase):
         table = bench.format_table(bench.read_records(path))
         self.assertIn("| resnet50 | genpool | 105.00 | 1.050x |", table)
         self.assertIn("Peak memory sampled by: nvml-process.", table)
+
+    def test_repeats_interleave_and_summarise(self):
+        r = FakeRunner()
+        argv = ["--models", "resnet50", "--allocators", "native,genpool", "--repeats", "3", "--sample-ms", "0",
+                "--genpool-timing"]
+        self.assertEqual(self.bench(argv, r), 0)
+        order = [(c[c.index("--allocator") + 1], c[c.index("--sample-ms") + 1], "--genpool-timing" in c)
+                 for c, _ in r.calls]
+        # repeat 0 in order, repeat 1 reversed, repeat 2 in order; timing only for genpool
+        self.assertEqual(order, [("native", "0", False), ("genpool", "0", True), ("genpool", "0", True),
+                                 ("native", "0", False), ("native", "0", False), ("genpool", "0", True)])
+        recs = self.records()
+        self.assertEqual([x["repeat"] for x in recs], [0, 0, 1, 1, 2, 2])
+        self.assertEqual(sorted(os.listdir(self.out / "logs"))[:2], ["resnet50-genpool-0.log", "resnet50-genpool-1.log"])
+        # train.py accepts what bench_train.py passes it
+        t = train.parse_args(r.calls[1][0][2:])
+        self.assertEqual((t.sample_ms, t.genpool_timing), (0.0, True))
+        # medians over the runs; one repeat's genpool run made slower: the median ignores it, the
+        # per-repeat ratios show it
+        recs[5]["median_step_ms"] = 300.0
+        recs[3]["median_host_ms"], recs[2]["median_host_ms"] = 10.0, 12.0
+        table = bench.format_table(recs)
+        self.assertIn("| resnet50 | genpool | 105.00 | 1.050x |", table)
+        self.assertIn("| resnet50 | genpool | 3 | 1.050, 1.050, 3.000 | 12.00 | 1.200x |", table)
+
+    def test_timed_window_deltas(self):
+        after = {"pages": {"steals": 10, "page_size": 4, "note": "x"}, "host_timing": {"malloc": {"ns": 50}},
+                 "flag": True}
+        before = {"pages": {"steals": 3, "page_size": 4}, "host_timing": None}
+        self.assertEqual(train._delta(after, before),
+                         {"pages": {"steals": 7, "page_size": 0}, "host_timing": {"malloc": {"ns": 50}}})
+
+    def test_one_run_each_has_no_repeat_table(self):
+        r = FakeRunner()
+        self.bench(["--models", "gpt2", "--allocators", "native,genpool"], r)
+        table = (self.out / bench.TABLE).read_text()
+        self.assertNotIn("per repeat", table)
+        self.assertTrue(all("repeat" not in x for x in self.records()))
+        self.assertNotIn("--sample-ms", r.calls[0][0])
 
     def test_run_kills_the_process_group_on_timeout(self):
         # A parent that starts a child and waits: both must be gone when run() returns.

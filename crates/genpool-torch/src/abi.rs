@@ -10,6 +10,7 @@ use crate::error::PluginError;
 use crate::recorded::RECORDED;
 use crate::registry::{self, DeviceState};
 use crate::report;
+use crate::timing;
 
 /// A CUDA stream handle (`cudaStream_t`, i.e. `CUstream`); NULL is the legacy default stream.
 #[allow(non_camel_case_types)]
@@ -61,7 +62,7 @@ fn stream_id(stream: cudaStream_t) -> u64 {
 /// a small C++ wrapper in front that throws `c10::OutOfMemoryError` instead.
 #[no_mangle]
 pub extern "C" fn genpool_malloc(size: usize, device: c_int, stream: cudaStream_t) -> *mut c_void {
-    guard("genpool_malloc", std::ptr::null_mut(), || {
+    guard("genpool_malloc", std::ptr::null_mut(), || timing::timed(&timing::MALLOC, || {
         if size == 0 {
             return std::ptr::null_mut();
         }
@@ -73,7 +74,7 @@ pub extern "C" fn genpool_malloc(size: usize, device: c_int, stream: cudaStream_
                 std::ptr::null_mut()
             }
         }
-    })
+    }))
 }
 
 fn free_on(state: &DeviceState, ptr: u64, stream: u64) -> Result<u64, PluginError> {
@@ -91,7 +92,7 @@ fn free_on(state: &DeviceState, ptr: u64, stream: u64) -> Result<u64, PluginErro
 #[no_mangle]
 pub extern "C" fn genpool_free(ptr: *mut c_void, size: usize, device: c_int, stream: cudaStream_t) {
     let _ = size;
-    guard("genpool_free", (), || {
+    guard("genpool_free", (), || timing::timed(&timing::FREE, || {
         if ptr.is_null() {
             return;
         }
@@ -125,7 +126,7 @@ pub extern "C" fn genpool_free(ptr: *mut c_void, size: usize, device: c_int, str
             }
             Err(e) => fail(&e),
         }
-    })
+    }))
 }
 
 /// PyTorch's `init_fn`, called once when CUDA is initialised with the number of visible devices: device
@@ -220,6 +221,8 @@ fn stats_value(device: c_int) -> Result<serde_json::Value, PluginError> {
             json!(report::invalid_frees()),
         );
         map.insert("plugin_recorded_blocks".into(), json!(RECORDED.blocks()));
+        // Host time inside genpool_malloc / genpool_free (null unless GENPOOL_TIMING is set).
+        map.insert("host_timing".into(), timing::json());
     }
     Ok(v)
 }

@@ -97,6 +97,10 @@ fn lazy_sim_device_from_registry() {
     let s = stats(0);
     assert_eq!(s["initialized"], Value::Bool(true));
     assert_eq!(u(&s, "allocated_current"), 4096);
+    if std::env::var_os("GENPOOL_TIMING").is_none() {
+        // Timing is opt-in (tests/host_timing.rs turns it on in its own process).
+        assert_eq!(s["host_timing"], Value::Null);
+    }
     genpool_free(p, 4096, 0, NULL_STREAM);
     assert_eq!(u(&stats(0), "allocated_current"), 0);
 }
