@@ -266,7 +266,8 @@ def train(args) -> dict:
 
     model, opt, step_fn = build(args, torch, device)
     warmup = args.warmup if args.steps > args.warmup else 0
-    loss_tensors, ends, host = [], [], []
+    loss_tensors, ends, host, per_step = [], [], [], []
+    track = gp is not None and args.genpool_timing  # genpool's counters after every step (diagnostics)
     before = gp.raw_stats(0) if gp is not None and warmup == 0 else None
     start = torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
@@ -288,6 +289,12 @@ def train(args) -> dict:
             opt.zero_grad(set_to_none=True)
         loss_tensors.append(loss.detach())
         host.append((time.perf_counter() - h0) * 1e3)
+        if track:
+            st = gp.raw_stats(0)
+            pg, ht = st.get("pages") or {}, st.get("host_timing") or {}
+            per_step.append([pg.get("steals", 0), pg.get("creates", 0), pg.get("move_ns", 0),
+                             (ht.get("malloc") or {}).get("ns", 0), (ht.get("malloc") or {}).get("slow", 0),
+                             round(st.get("page_slack", 0.0), 4)])
         end = torch.cuda.Event(enable_timing=True)
         end.record()
         ends.append((start, end) if i in (0, warmup) else (ends[-1][1], end))
@@ -329,6 +336,9 @@ def train(args) -> dict:
         result["genpool_pages"] = s.get("pages")
         if s.get("host_timing"):
             result["genpool_host_timing"] = s["host_timing"]
+        if per_step:
+            # Cumulative after each step: steals, creates, move_ns, malloc ns, slow mallocs, page slack.
+            result["genpool_per_step"] = per_step
         if before is not None:
             # The same counters over the timed steps only (page moves, host time in genpool).
             result["genpool_timed"] = _delta({"pages": s.get("pages"), "host_timing": s.get("host_timing")},

@@ -46,6 +46,13 @@ pub struct PlanConfig {
     pub confirm: u64,
     /// Allocations hashed together to recognise a position (detection and resynchronisation).
     pub window: usize,
+    /// Pack recorded periods on a helper thread instead of inside the [`Planner::on_alloc`] that ends
+    /// the recording. Packing is quadratic in the blocks of a period (milliseconds for a ResNet-50 step,
+    /// a few hundred for a GPT-2-medium one on a server core): on the allocating thread it stalls the
+    /// program. In the background the plan arrives some allocations later and starts following the
+    /// sequence where it then is; results no longer depend only on the sequence, so tests and
+    /// reproducible replays keep it off (the default).
+    pub background: bool,
 }
 
 impl Default for PlanConfig {
@@ -55,6 +62,7 @@ impl Default for PlanConfig {
             max_period: 8192,
             confirm: 2048,
             window: 8,
+            background: false,
         }
     }
 }
@@ -213,7 +221,20 @@ pub struct Planner {
     generations: u64,
     /// A plan was dropped inside `on_alloc` with no planned block live: its range may go.
     release_pending: bool,
+    /// A period being packed on a helper thread ([`PlanConfig::background`]).
+    packing: Option<Packing>,
+    /// Tests: leave a packed plan waiting (as if the helper thread were slow).
+    #[cfg(test)]
+    hold_packed: bool,
     stats: PlanStats,
+}
+
+/// A recorded period handed to a helper thread to pack.
+struct Packing {
+    /// Sequence number of the allocation at position 0 after the recording (the plan's cursor 0).
+    next: u64,
+    period: u64,
+    rx: std::sync::mpsc::Receiver<Option<Plan>>,
 }
 
 impl std::fmt::Debug for Planner {
@@ -249,6 +270,9 @@ impl Planner {
             plan: None,
             generations: 0,
             release_pending: false,
+            packing: None,
+            #[cfg(test)]
+            hold_packed: false,
             stats: PlanStats::default(),
             cfg,
         }
@@ -302,6 +326,9 @@ impl Planner {
     /// One allocation of `size` bytes (already rounded as its owner rounds). Returns where to serve it.
     pub fn on_alloc(&mut self, size: u64) -> Decision {
         let n = self.seq;
+        if self.packing.is_some() {
+            self.poll_packing(n);
+        }
         self.seq += 1;
         let slot = (n & self.mask) as usize;
         self.hist[slot] = size;
@@ -406,7 +433,7 @@ impl Planner {
         if self.last_seen.len() > 4 * self.hist.len() {
             self.last_seen.clear();
         }
-        if self.record.is_some() || self.plan.is_some() || n < self.hold_until {
+        if self.record.is_some() || self.plan.is_some() || self.packing.is_some() || n < self.hold_until {
             return;
         }
         let confirmed = self
@@ -428,92 +455,73 @@ impl Planner {
 
     fn finish_recording(&mut self, rec: Record) {
         let p = rec.period;
-        let mut blocks = Vec::new();
-        let mut positions = Vec::new();
-        for (i, (&size, &freed)) in rec.sizes.iter().zip(&rec.freed_at).enumerate() {
-            let (start, end) = (i as u64, freed.wrapping_sub(rec.start));
-            if freed != NO_SEQ && end > start && end <= start + p {
-                blocks.push(Interval { size, start, end });
-                positions.push(i);
+        let window = self.cfg.window as u64;
+        if self.cfg.background {
+            let (tx, rx) = std::sync::mpsc::sync_channel(1);
+            let next = self.seq; // on_alloc has counted the allocation that ended the recording
+            let job = move || {
+                // A closed channel (the planner is gone) is fine: nobody wants the plan any more.
+                let _ = tx.send(build_plan(rec, window));
+            };
+            match std::thread::Builder::new().name("genpool-plan".into()).spawn(job) {
+                Ok(_) => {
+                    self.packing = Some(Packing { next, period: p, rx });
+                    return;
+                }
+                // No thread to be had: pack here, as without `background` (the job, and the record in
+                // it, went with the error: this recording is lost and a later one will do).
+                Err(e) => {
+                    log::debug!("gen-plan: no packing thread ({e}); the period is recorded again");
+                    self.stats.aborted_recordings += 1;
+                    return;
+                }
             }
         }
-        if blocks.is_empty() {
-            self.floor = self.floor.max(p + 1);
-            self.stats.aborted_recordings += 1;
+        let plan = build_plan(rec, window);
+        self.install(plan, 0, p);
+    }
+
+    /// Whether a recorded period is being packed on a helper thread.
+    pub fn packing(&self) -> bool {
+        self.packing.is_some()
+    }
+
+    /// Take a plan packed in the background when it is ready; `n`: the allocation about to be seen.
+    fn poll_packing(&mut self, n: u64) {
+        let Some(job) = self.packing.as_ref() else {
+            return;
+        };
+        #[cfg(test)]
+        if self.hold_packed {
             return;
         }
-        let (offs, footprint) = solve::pack(&blocks, p);
-        let lower_bound = solve::peak_live(&blocks, p);
-        let mut offsets = vec![UNPLANNED; p as usize];
-        for (k, &i) in positions.iter().enumerate() {
-            offsets[i] = offs[k];
-        }
-        // Conflicts: planned positions whose address ranges overlap (their lifetimes never do).
-        let mut by_off: Vec<usize> = positions.clone();
-        by_off.sort_unstable_by_key(|&i| offsets[i]);
-        let mut lists: Vec<Vec<u32>> = vec![Vec::new(); p as usize];
-        for (k, &i) in by_off.iter().enumerate() {
-            let end = offsets[i] + rec.sizes[i];
-            for &j in &by_off[k + 1..] {
-                if offsets[j] >= end {
-                    break;
-                }
-                lists[i].push(j as u32);
-                lists[j].push(i as u32);
+        let plan = match job.rx.try_recv() {
+            Ok(plan) => plan,
+            Err(std::sync::mpsc::TryRecvError::Empty) => return,
+            // The helper thread died (it cannot panic short of an allocation failure): start over.
+            Err(std::sync::mpsc::TryRecvError::Disconnected) => None,
+        };
+        let job = self.packing.take().expect("checked above");
+        // The sequence went on while the period was packed: the plan follows it from where it is now.
+        let cursor = (n - job.next) % job.period;
+        self.install(plan, cursor, job.period);
+    }
+
+    /// Adopt a packed plan (`None`: the period had nothing to plan) as ready, expecting position `cursor`
+    /// next.
+    fn install(&mut self, plan: Option<Plan>, cursor: u64, period: u64) {
+        match plan {
+            Some(mut plan) => {
+                self.generations += 1;
+                plan.generation = self.generations & 0xffff;
+                plan.cursor = cursor;
+                self.plan = Some(plan);
+            }
+            None => {
+                self.floor = self.floor.max(period + 1);
+                self.stats.aborted_recordings += 1;
             }
         }
-        let mut conflict_start = Vec::with_capacity(p as usize + 1);
-        let mut conflicts = Vec::new();
-        for l in &lists {
-            conflict_start.push(conflicts.len() as u32);
-            conflicts.extend_from_slice(l);
-        }
-        conflict_start.push(conflicts.len() as u32);
-        // Activate where the fewest planned bytes are alive.
-        let live = solve::live_by_position(&blocks, p);
-        let phase = (0..p).min_by_key(|&x| live[x as usize]).unwrap_or(0);
-        let mut by_fingerprint = HashMap::new();
-        let mut dup = std::collections::HashSet::new();
-        let w = self.cfg.window as u64;
-        for x in 0..p {
-            // The window ending at position x, wrapping around the period, oldest first — as at run time.
-            let h = window_hash(
-                (0..w)
-                    .rev()
-                    .map(|k| rec.sizes[((x + p * w - k) % p) as usize]),
-            );
-            if by_fingerprint.insert(h, x).is_some() {
-                dup.insert(h);
-            }
-        }
-        for h in dup {
-            by_fingerprint.remove(&h);
-        }
-        self.generations += 1;
-        self.plan = Some(Plan {
-            generation: self.generations & 0xffff,
-            period: p,
-            sizes: rec.sizes,
-            offsets,
-            conflict_start,
-            conflicts,
-            live: vec![false; p as usize],
-            live_count: 0,
-            // The recording ended at the last position of its second period: the next allocation is at
-            // position 0.
-            cursor: 0,
-            phase,
-            by_fingerprint,
-            footprint,
-            lower_bound,
-            max_run: rec.max_run,
-            status: Status::Ready,
-            window_allocs: 0,
-            window_misses: 0,
-            streak: w,
-            window: w,
-            confidence: 4 * w,
-        });
     }
 
     /// The footprint of a ready plan that has reached its activation point (the next allocation is at the
@@ -598,6 +606,96 @@ impl Planner {
         false
     }
 }
+
+/// Pack a recorded period into a ready plan (generation 0, cursor 0: the owner sets both); `None` when
+/// no block of the period can be planned. Pure: runs on the allocating thread or on a helper.
+fn build_plan(rec: Record, window: u64) -> Option<Plan> {
+    let p = rec.period;
+    let mut blocks = Vec::new();
+    let mut positions = Vec::new();
+    for (i, (&size, &freed)) in rec.sizes.iter().zip(&rec.freed_at).enumerate() {
+        let (start, end) = (i as u64, freed.wrapping_sub(rec.start));
+        if freed != NO_SEQ && end > start && end <= start + p {
+            blocks.push(Interval { size, start, end });
+            positions.push(i);
+        }
+    }
+    if blocks.is_empty() {
+        return None;
+    }
+    let (offs, footprint) = solve::pack(&blocks, p);
+    let lower_bound = solve::peak_live(&blocks, p);
+    let mut offsets = vec![UNPLANNED; p as usize];
+    for (k, &i) in positions.iter().enumerate() {
+        offsets[i] = offs[k];
+    }
+    // Conflicts: planned positions whose address ranges overlap (their lifetimes never do).
+    let mut by_off: Vec<usize> = positions.clone();
+    by_off.sort_unstable_by_key(|&i| offsets[i]);
+    let mut lists: Vec<Vec<u32>> = vec![Vec::new(); p as usize];
+    for (k, &i) in by_off.iter().enumerate() {
+        let end = offsets[i] + rec.sizes[i];
+        for &j in &by_off[k + 1..] {
+            if offsets[j] >= end {
+                break;
+            }
+            lists[i].push(j as u32);
+            lists[j].push(i as u32);
+        }
+    }
+    let mut conflict_start = Vec::with_capacity(p as usize + 1);
+    let mut conflicts = Vec::new();
+    for l in &lists {
+        conflict_start.push(conflicts.len() as u32);
+        conflicts.extend_from_slice(l);
+    }
+    conflict_start.push(conflicts.len() as u32);
+    // Activate where the fewest planned bytes are alive.
+    let live = solve::live_by_position(&blocks, p);
+    let phase = (0..p).min_by_key(|&x| live[x as usize]).unwrap_or(0);
+    let mut by_fingerprint = HashMap::new();
+    let mut dup = std::collections::HashSet::new();
+    let w = window;
+    for x in 0..p {
+        // The window ending at position x, wrapping around the period, oldest first — as at run time.
+        let h = window_hash(
+            (0..w)
+                .rev()
+                .map(|k| rec.sizes[((x + p * w - k) % p) as usize]),
+        );
+        if by_fingerprint.insert(h, x).is_some() {
+            dup.insert(h);
+        }
+    }
+    for h in dup {
+        by_fingerprint.remove(&h);
+    }
+    Some(Plan {
+        generation: 0,
+        period: p,
+        sizes: rec.sizes,
+        offsets,
+        conflict_start,
+        conflicts,
+        live: vec![false; p as usize],
+        live_count: 0,
+        // The recording ended at the last position of its second period: the next allocation is at
+        // position 0.
+        cursor: 0,
+        phase,
+        by_fingerprint,
+        footprint,
+        lower_bound,
+        max_run: rec.max_run,
+        status: Status::Ready,
+        window_allocs: 0,
+        window_misses: 0,
+        streak: w,
+        window: w,
+        confidence: 4 * w,
+    })
+}
+
 
 /// The hash of a window of sizes (oldest first) that identifies a position in the sequence: FNV-1a's
 /// constants, with a shift so that high bits reach the low ones.

@@ -276,3 +276,88 @@ fn ready_plans_that_lose_the_sequence_back_off() {
     assert!(waits[3] > waits[1] && waits[2] > waits[0], "{waits:?}");
     assert_eq!(o.planner.stats().activations, 0);
 }
+
+/// Run whole iterations until the planner is active; with background packing, wait (as a program's
+/// time passes) whenever a period is being packed. Returns the iterations run.
+fn run_until_active(o: &mut Owner, first_id: u32, max_iters: u32) -> u32 {
+    for it in 0..max_iters {
+        o.run(&iteration(first_id + 1000 * it, 12, 1));
+        if o.planner.stats().active {
+            return it + 1;
+        }
+        if o.planner.packing() {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+    panic!("not active after {max_iters} iterations: {:?}", o.planner.stats());
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "threads and sleeps; the foreground path is the same code")]
+fn background_packing_serves_the_same_plan() {
+    let cfg = PlanConfig {
+        confirm: 256,
+        max_period: 1024,
+        ..PlanConfig::default()
+    };
+    let mut fg = Owner::new(cfg.clone());
+    let mut bg = Owner::new(PlanConfig {
+        background: true,
+        ..cfg
+    });
+    run_until_active(&mut fg, 1000, 40);
+    run_until_active(&mut bg, 1000, 40);
+    let (a, b) = (fg.planner.stats(), bg.planner.stats());
+    assert_eq!((a.period, a.footprint, a.lower_bound), (b.period, b.footprint, b.lower_bound));
+    // Served alike: after the iteration of the switch, whole iterations planned (the owner checks no
+    // planned block overlaps a live one).
+    for o in [&mut fg, &mut bg] {
+        o.run(&iteration(400_000, 12, 1));
+        let before = o.planned_allocs;
+        o.run(&iteration(500_000, 12, 1));
+        assert_eq!(o.planned_allocs - before, a.period, "{:?}", o.planner.stats());
+    }
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "threads and sleeps; the foreground path is the same code")]
+fn a_plan_packed_late_picks_the_sequence_up_where_it_is() {
+    let mut o = Owner::new(PlanConfig {
+        confirm: 256,
+        max_period: 1024,
+        background: true,
+        ..PlanConfig::default()
+    });
+    o.run(&[Ev::Alloc(1, 1 << 20)]);
+    let mut it = 0;
+    while !o.planner.packing() {
+        assert!(it < 40, "never recorded: {:?}", o.planner.stats());
+        o.planner.hold_packed = true;
+        o.run(&iteration(1000 * (it + 1), 12, 1));
+        it += 1;
+    }
+    // The program goes on for part of an iteration (37 allocations and their frees, an offset that is
+    // no multiple of anything in the period) while the plan is "still being packed".
+    let next = iteration(1000 * (it + 1), 12, 1);
+    let cut = next
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| matches!(e, Ev::Alloc(..)))
+        .nth(37)
+        .map(|(i, _)| i)
+        .unwrap();
+    o.run(&next[..cut]);
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    o.planner.hold_packed = false;
+    o.run(&next[cut..]);
+    assert!(!o.planner.packing(), "picked up");
+    assert!(o.planner.stats().period > 0, "{:?}", o.planner.stats());
+    // It follows from mid-iteration, activates at its phase and then plans whole iterations.
+    run_until_active(&mut o, 1000 * (it + 2), 10);
+    o.run(&iteration(600_000, 12, 1));
+    let before = o.planned_allocs;
+    o.run(&iteration(700_000, 12, 1));
+    let s = o.planner.stats();
+    assert_eq!(o.planned_allocs - before, s.period, "{s:?}");
+    assert_eq!(s.aborted_recordings, 0, "{s:?}");
+}

@@ -76,6 +76,7 @@ pub const VALID_KEYS: &[&str] = &[
     "plan_max_period",
     "plan_min_moves",
     "plan_pin",
+    "plan_background",
 ];
 
 /// Engine configuration. `Config::default()` is the tuned default; see docs/ARCHITECTURE.md.
@@ -116,8 +117,9 @@ pub struct Config {
     /// page headroom may grow to keep page moves within `move_budget`. 0 = never grow.
     pub page_slack_max: f64,
     /// With iteration marks: the share of an iteration's wall time page moves may take. When an
-    /// iteration (after the first three) spends more, the headroom grows by half a percent, up to
-    /// `page_slack_max`: a page costs 2 MiB held, a move ~44 µs of the driver's time (H200).
+    /// iteration (after the first three) spends more, the headroom grows by half a percent per budget
+    /// spent (at most two percent at a time), up to `page_slack_max` (default 5 %): a page costs 2 MiB
+    /// held, a move ~44 µs of the driver's time (H200).
     pub move_budget: f64,
     /// Page-aware placement in the extent arena: how many best-fitting free extents to compare for the
     /// one needing the fewest newly mapped pages (0 or 1 = plain best fit, the default: on the shared
@@ -144,6 +146,11 @@ pub struct Config {
     /// packing keeps at the period's peak of live bytes). Off: planned blocks commit their own pages,
     /// which then flow between the plan's range and the arena.
     pub plan_pin: bool,
+    /// With `plan`: pack a recorded period on a helper thread (default) instead of inside the allocation
+    /// that ends the recording — packing takes milliseconds to hundreds of them (it is quadratic in the
+    /// period's blocks), a stall of the training step on the allocating thread. Off: results depend
+    /// only on the allocation sequence (reproducible replays, tests).
+    pub plan_background: bool,
 }
 
 impl Default for Config {
@@ -161,7 +168,7 @@ impl Default for Config {
             short_horizon: 0,
             mid_horizon: 0,
             page_slack: 0.0,
-            page_slack_max: 0.03,
+            page_slack_max: 0.05,
             move_budget: 0.005,
             placement_candidates: 1,
             extent_generations: false,
@@ -169,6 +176,7 @@ impl Default for Config {
             plan_max_period: 8192,
             plan_min_moves: 0.005,
             plan_pin: true,
+            plan_background: true,
         }
     }
 }
@@ -301,6 +309,7 @@ impl Config {
             }
             "plan" => self.plan = parse_bool(value).map_err(bad)?,
             "plan_pin" => self.plan_pin = parse_bool(value).map_err(bad)?,
+            "plan_background" => self.plan_background = parse_bool(value).map_err(bad)?,
             "plan_max_period" => {
                 let v: u64 = value
                     .parse()

@@ -143,8 +143,10 @@ const PLAN_QUIET_WINDOWS: u64 = 4;
 /// Iteration marks that only start the move-budget clock (see `Pool::mark_iteration`).
 const WARM_ITERATIONS: u64 = 3;
 
-/// How much the page headroom grows at a time (see `Pool::mark_iteration`).
+/// How much the page headroom grows at a time for an iteration that spent just over its move budget
+/// (see `Pool::mark_iteration`); up to [`SLACK_STEPS_MAX`] times that when it spent that many budgets.
 const SLACK_STEP: f64 = 0.005;
+const SLACK_STEPS_MAX: f64 = 4.0;
 
 /// The move-budget clock of `Pool::mark_iteration`.
 #[derive(Default)]
@@ -369,6 +371,7 @@ impl Pool {
                 inner: parking_lot::Mutex::new(PlanInner {
                     planner: Planner::new(PlanConfig {
                         max_period: cfg.plan_max_period,
+                        background: cfg.plan_background,
                         ..PlanConfig::default()
                     }),
                     tally: PageTally::new(page),
@@ -1052,8 +1055,9 @@ impl Pool {
     }
 
     /// A training iteration ended (an explicit period mark): the classifier learns the period, and the
-    /// page pool's headroom grows by half a percent (up to `page_slack_max`) when the iteration spent more
-    /// than `move_budget` of its wall time moving pages. The first [`WARM_ITERATIONS`] marks only start
+    /// page pool's headroom grows (up to `page_slack_max`) when the iteration spent more than
+    /// `move_budget` of its wall time moving pages — by half a percent per budget spent, at most two
+    /// percent at a time, and not while a ready plan waits to take the moves over. The first [`WARM_ITERATIONS`] marks only start
     /// the clock (warm-up lays everything out once).
     pub fn mark_iteration(&self) {
         self.classifier.mark_iteration();
@@ -1065,8 +1069,17 @@ impl Pool {
             let spent = move_ns.saturating_sub(it.move_ns) as f64;
             let elapsed = now.duration_since(last).as_nanos() as f64;
             let slack = self.pages.slack();
-            if spent > self.cfg.move_budget * elapsed && slack < self.cfg.page_slack_max {
-                let grown = (slack + SLACK_STEP).min(self.cfg.page_slack_max);
+            let budget = self.cfg.move_budget * elapsed;
+            // A plan that is ready and waits for moves to prove it is needed fixes them itself (GPT-2:
+            // it activates a few iterations later and moves stop): headroom bought meanwhile would be
+            // held for nothing.
+            let plan_pending = self.plan.as_ref().is_some_and(|pt| {
+                let s = pt.inner.lock().planner.stats();
+                s.period > 0 && !s.active
+            });
+            if spent > budget && slack < self.cfg.page_slack_max && !plan_pending {
+                let step = SLACK_STEP * (spent / budget).min(SLACK_STEPS_MAX);
+                let grown = (slack + step).min(self.cfg.page_slack_max);
                 self.pages.set_slack(grown);
                 log::debug!(
                     "genpool: page moves took {:.1} % of an iteration: page headroom {:.3} -> {grown:.3}",

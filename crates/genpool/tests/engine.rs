@@ -382,13 +382,20 @@ fn real_traces_replay_with_invariants() {
 /// iteration falls back to the tiers, and after everything is freed and trimmed nothing is held.
 #[test]
 fn periodic_plans_serve_a_training_loop_without_overlap_or_leaks() {
-    periodic_plan_program("plan:true,plan_min_moves:0");
+    periodic_plan_program("plan:true,plan_min_moves:0,plan_background:false");
+}
+
+/// The same with periods packed on a helper thread (the default): the plan arrives a little later and
+/// picks the loop up where it then is.
+#[test]
+fn periodic_plans_packed_in_the_background_serve_a_training_loop() {
+    periodic_plan_program("plan:true,plan_min_moves:0,plan_background:true");
 }
 
 /// The same with the plan's pages pinned (mapped once while the plan lives).
 #[test]
 fn pinned_periodic_plans_serve_a_training_loop_without_overlap_or_leaks() {
-    periodic_plan_program("plan:true,plan_pin:true,plan_min_moves:0");
+    periodic_plan_program("plan:true,plan_pin:true,plan_min_moves:0,plan_background:false");
 }
 
 fn periodic_plan_program(conf: &str) {
@@ -535,12 +542,13 @@ fn pinned_plans_stop_page_moves_where_the_layout_shifts_and_only_there() {
         eprintln!("SKIP pinned_plans_stop_page_moves...: ../shared/traces not found");
         return;
     };
-    let conf = "plan:true,plan_pin:true";
+    // Packed on the allocating thread: the prefix and the whole run must make the same decisions.
+    let conf = "plan:true,plan_pin:true,plan_background:false";
     let gpt2 = &gen_trace::load_path(&dir.join("gpt2_train_fixed.csv.gz")).unwrap()[0];
     let (n, cut) = (gpt2.events.len(), gpt2.events.len() * 4 / 5);
     let moves = |s: &genpool::PoolStats| s.pages.steals;
     let (plan_cut, plan_all) = (replay_prefix(gpt2, cut, conf), replay_prefix(gpt2, n, conf));
-    let arena = "plan:false";
+    let arena = "plan:false,plan_background:false";
     let (dflt_cut, dflt_all) = (
         replay_prefix(gpt2, cut, arena),
         replay_prefix(gpt2, n, arena),
@@ -573,7 +581,7 @@ fn pinned_plans_stop_page_moves_where_the_layout_shifts_and_only_there() {
 }
 
 /// The move budget: with iteration marks, a loop whose layout moves pages every iteration gets more page
-/// headroom, half a percent at a time up to `page_slack_max`, until pages stop moving; without marks
+/// headroom, half a percent or more at a time up to `page_slack_max`, until pages stop moving; without marks
 /// (or with `page_slack_max:0`) the headroom stays where it was configured.
 #[test]
 fn iteration_marks_grow_page_headroom_until_moves_stop() {
@@ -612,7 +620,7 @@ fn iteration_marks_grow_page_headroom_until_moves_stop() {
             s.pages.pages_in_use_peak,
         )
     };
-    // 8 of ~76 pages move each time: a headroom of ~11 % stops that (the default cap, 3 %, would not).
+    // 8 of ~76 pages move each time: a headroom of ~11 % stops that (the default cap, 5 %, would not).
     let (moves, slack, held, in_use) = run("plan:false,page_slack_max:0.2", true);
     assert!(
         moves[..4].iter().sum::<u64>() > 0,
@@ -626,7 +634,7 @@ fn iteration_marks_grow_page_headroom_until_moves_stop() {
     );
     let (moves, slack, ..) = run("plan:false", true);
     assert!(
-        (slack - 0.03).abs() < 1e-9,
+        (slack - 0.05).abs() < 1e-9,
         "capped at page_slack_max: {slack}"
     );
     assert!(
