@@ -66,6 +66,9 @@ def parse_args(argv=None):
     p.add_argument("--genpool-conf", default=None, help="GENPOOL_CONF for the genpool run")
     p.add_argument("--sample-ms", type=float, default=2.0,
                    help="NVML peak-memory sampling interval in ms (0 = no sampling thread: peak_bytes is null)")
+    p.add_argument("--lockstep", action="store_true",
+                   help="driven by examples/ab_steps.py: print 'ready', then run one step per 'go' line on stdin, "
+                        "synchronize, and print 'step I MS'")
     p.add_argument("--genpool-timing", action="store_true",
                    help="GENPOOL_TIMING=1: genpool times its malloc/free calls on the host (a little overhead)")
     args = p.parse_args(argv)
@@ -265,6 +268,8 @@ def train(args) -> dict:
         sampler.start()
 
     model, opt, step_fn = build(args, torch, device)
+    if args.lockstep:
+        return lockstep(args, torch, gp, opt, step_fn, sampler)
     warmup = args.warmup if args.steps > args.warmup else 0
     loss_tensors, ends, host, per_step = [], [], [], []
     track = gp is not None and args.genpool_timing  # genpool's counters after every step (diagnostics)
@@ -355,6 +360,42 @@ def train(args) -> dict:
     print(f"median step {result['median_step_ms']:.2f} ms; peak {(peak or 0) / 2**20:.1f} MiB "
           f"({result['peak_method']}); allocator reserved peak "
           f"{result.get('allocator_reserved_peak', 0) / 2**20:.1f} MiB", file=sys.stderr if args.json else sys.stdout)
+    return result
+
+
+def lockstep(args, torch, gp, opt, step_fn, sampler) -> dict:
+    """One step per 'go' on stdin, each timed from its start to a synchronize after it (so the time
+    holds the host's work and the GPU's); 'stop' or end of input ends the loop. Driven by
+    examples/ab_steps.py, which alternates two such processes step by step: adjacent steps of the two
+    see the same machine (clocks, neighbours), which separate runs do not."""
+    torch.cuda.synchronize()
+    print("ready", flush=True)
+    losses, times = [], []
+    for i in range(args.steps):
+        line = sys.stdin.readline()
+        if not line or line.strip() != "go":
+            break
+        t0 = time.perf_counter()
+        ctx = gp.step() if gp is not None else _null()
+        with ctx:
+            loss = step_fn(i)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        ms = (time.perf_counter() - t0) * 1e3
+        times.append(ms)
+        losses.append(loss.detach())
+        print(f"step {i} {ms:.4f}", flush=True)
+    peak = sampler.stop() if sampler is not None else None
+    result = {"model": args.model, "allocator": args.allocator, "lockstep": True, "steps": len(times),
+              "step_ms": [round(t, 4) for t in times], "losses": [x.item() for x in losses],
+              "peak_bytes": peak, "peak_method": sampler.method if sampler is not None else "none"}
+    if gp is not None:
+        s = gp.raw_stats(0)
+        result["allocator_reserved_peak"] = s["reserved_peak"]
+        result["genpool_pages"] = s.get("pages")
+        if s.get("host_timing"):
+            result["genpool_host_timing"] = s["host_timing"]
     return result
 
 

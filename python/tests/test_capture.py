@@ -37,6 +37,7 @@ def _load_example(name):
 
 bench = _load_example("bench_train")
 train = _load_example("train")
+ab = _load_example("ab_steps")
 
 
 def ev(action, addr=0, size=0, stream=0, t=0, frames=None, **extra):
@@ -511,6 +512,88 @@ class BenchTrainTest(unittest.TestCase):
         res, err, _ = bench.run([sys.executable, "-c", "import sys; sys.exit('bad thing')"], 30)
         self.assertIsNone(res)
         self.assertIn("bad thing", err)
+
+
+# examples/ab_steps.py
+
+FAKE_CHILD = r"""
+import json, sys
+scale, fail_at = float(sys.argv[1]), int(sys.argv[2])
+print("noise before ready", flush=True)
+print("ready", flush=True)
+i = 0
+for line in sys.stdin:
+    if line.strip() != "go":
+        break
+    if i == fail_at:
+        sys.exit(3)
+    # step times drift over the run (as a machine's clocks do); the drift is the same for both sides
+    print(f"step {i} {scale * (10.0 + i):.4f}", flush=True)
+    i += 1
+print(json.dumps({"steps": i, "step_ms": [], "losses": [1.0] * i, "allocator": "x"}), flush=True)
+"""
+
+
+class AbStepsTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = Path(self.tmp.name)
+        self.child = self.dir / "child.py"
+        self.child.write_text(FAKE_CHILD)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def cmd(self, scale, fail_at=-1):
+        return [sys.executable, str(self.child), str(scale), str(fail_at)]
+
+    def test_pairs_alternate_and_ratios_cancel_drift(self):
+        rec = ab.run_pair(self.cmd(1.0), self.cmd(1.02), steps=30, warmup=5, logs=self.dir / "logs",
+                          name="m", timeout=60)
+        self.assertNotIn("error", rec)
+        self.assertEqual(len(rec["a_ms"]), 35)
+        self.assertEqual(rec["steps"], 30)
+        # every step of B is 1.02 x A's same step, whatever the drift
+        self.assertAlmostEqual(rec["median_ratio"], 1.02, places=4)
+        self.assertAlmostEqual(rec["total_ratio"], 1.02, places=4)
+        lo, hi = rec["ci95"]
+        self.assertTrue(lo <= 1.02 <= hi)
+        self.assertEqual(rec["b_result"]["steps"], 35)
+        self.assertEqual(rec["a_losses"], [1.0] * 5)
+
+    def test_a_child_that_dies_is_an_error_not_a_hang(self):
+        rec = ab.run_pair(self.cmd(1.0), self.cmd(1.0, fail_at=3), steps=10, warmup=0, logs=self.dir / "logs",
+                          name="m", timeout=60)
+        self.assertIn("process ended", rec["error"])
+        self.assertEqual(len(rec["b_ms"]), 3)
+
+    def test_summary_and_table(self):
+        s = ab.summarise([10, 10, 20, 40], [99, 11, 22, 40], warmup=1)
+        self.assertEqual(s["steps"], 3)
+        self.assertAlmostEqual(s["median_ratio"], 1.1)
+        self.assertAlmostEqual(s["total_ratio"], 73 / 70)
+        recs = [dict(s, model="resnet50", a="native", b="genpool"),
+                {"model": "gpt2", "a": "native", "b": "genpool", "error": "boom"}]
+        t = ab.table(recs)
+        self.assertIn("| resnet50 | native | genpool | 3 | 20.00 / 22.00 | 1.1000 | 1.0000–1.1000 | 1.0429 |", t)
+        self.assertIn("| gpt2 | native | genpool | error: boom |", t)
+
+    def test_args_and_child_command(self):
+        a = ab.parse_args(["--models", "gpt2,resnet50", "--steps", "7", "--genpool-conf", "k:1"])
+        self.assertEqual(a.models, ["gpt2", "resnet50"])
+        cmd = ab.child_cmd(a, "gpt2", "genpool")
+        t = train.parse_args(cmd[2:])  # train.py accepts what ab_steps.py passes it
+        self.assertTrue(t.lockstep)
+        self.assertEqual((t.steps, t.sample_ms, t.genpool_conf), (27, 0.0, "k:1"))
+        self.assertNotIn("--genpool-conf", ab.child_cmd(a, "gpt2", "native"))
+        for argv in (["--models", "gpt3"], ["--steps", "0"], ["--a", "genpool", "--b", "genpool"]):
+            with self.subTest(argv=argv), open(os.devnull, "w") as null:
+                old, sys.stderr = sys.stderr, null
+                try:
+                    with self.assertRaises(SystemExit):
+                        ab.parse_args(argv)
+                finally:
+                    sys.stderr = old
 
 
 if __name__ == "__main__":

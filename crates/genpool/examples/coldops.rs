@@ -1,0 +1,114 @@
+//! Host cost of the engine's alloc/free with cold caches, as inside a training program: PyTorch runs
+//! thousands of instructions (kernel launches, autograd) between two allocator calls, which evicts the
+//! allocator's data from L1/L2. A replay that calls the engine back to back (`tiers`) measures it warm.
+//!
+//!     cargo run --release -p genpool --features replay --example coldops -- TRACE [CONF]
+//!
+//! `THRASH_KB` (default 2048): bytes of an unrelated buffer touched (one write per 64-B line) before
+//! every call; only the engine call itself is timed. `PASSES` (default 3): passes over the trace, the
+//! first not counted.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use gen_device::SimDevice;
+use gen_trace::{ReplayAllocator, ReplayError};
+use genpool::replay::EngineReplay;
+use genpool::{Config, Pool};
+
+struct Cold {
+    inner: EngineReplay,
+    junk: Vec<u64>,
+    round: u64,
+    counting: bool,
+    alloc_ns: u64,
+    allocs: u64,
+    free_ns: u64,
+    frees: u64,
+}
+
+impl Cold {
+    fn thrash(&mut self) {
+        self.round = self.round.wrapping_add(1);
+        let r = self.round;
+        for w in self.junk.iter_mut().step_by(8) {
+            *w = w.wrapping_add(r);
+        }
+        std::hint::black_box(&self.junk);
+    }
+}
+
+impl ReplayAllocator for Cold {
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+    fn alloc(&mut self, size: u64, stream: u64, site: Option<u64>) -> Result<u64, ReplayError> {
+        self.thrash();
+        let t = Instant::now();
+        let r = self.inner.alloc(size, stream, site);
+        if self.counting {
+            self.alloc_ns += t.elapsed().as_nanos() as u64;
+            self.allocs += 1;
+        }
+        r
+    }
+    fn free(&mut self, ptr: u64, size: u64, stream: u64) -> Result<(), ReplayError> {
+        self.thrash();
+        let t = Instant::now();
+        let r = self.inner.free(ptr, size, stream);
+        if self.counting {
+            self.free_ns += t.elapsed().as_nanos() as u64;
+            self.frees += 1;
+        }
+        r
+    }
+    fn reserved(&self) -> u64 {
+        self.inner.reserved()
+    }
+    fn peak_reserved(&self) -> u64 {
+        self.inner.peak_reserved()
+    }
+    fn mark_iteration(&mut self) {
+        self.inner.mark_iteration()
+    }
+    fn end_pass(&mut self) {
+        self.inner.end_pass();
+        self.counting = true;
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let path = args.get(1).expect("usage: coldops TRACE [CONF]");
+    let cfg = Config::parse(args.get(2).map_or("", String::as_str)).expect("config");
+    let kb: usize = std::env::var("THRASH_KB").ok().and_then(|v| v.parse().ok()).unwrap_or(2048);
+    let passes: u32 = std::env::var("PASSES").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    for trace in gen_trace::load_path(std::path::Path::new(path)).expect("trace") {
+        let dev = Arc::new(SimDevice::config().capacity(141 << 30).build().unwrap());
+        let pool = Pool::new(dev, cfg.clone()).unwrap();
+        let mut cold = Cold {
+            inner: EngineReplay::new(pool, "genpool"),
+            junk: vec![0; kb * 1024 / 8],
+            round: 0,
+            counting: false,
+            alloc_ns: 0,
+            allocs: 0,
+            free_ns: 0,
+            frees: 0,
+        };
+        let opts = gen_trace::ReplayOptions {
+            passes,
+            ignore_site: true,
+        };
+        let plan = gen_trace::ReplayPlan::new(&trace).unwrap();
+        gen_trace::replay_plan(&plan, &mut cold, &opts, &mut |_| {}).unwrap();
+        println!(
+            "{}: thrash {kb} KiB  alloc {:.0} ns ({} calls)  free {:.0} ns ({} calls)",
+            trace.name,
+            cold.alloc_ns as f64 / cold.allocs.max(1) as f64,
+            cold.allocs,
+            cold.free_ns as f64 / cold.frees.max(1) as f64,
+            cold.frees
+        );
+    }
+}
