@@ -140,6 +140,8 @@ pub struct PlanStats {
     pub deactivations: u64,
     /// Recordings abandoned because the sequence stopped repeating.
     pub aborted_recordings: u64,
+    /// Whether a period is being recorded or packed now (a plan may follow).
+    pub recording: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -286,6 +288,7 @@ impl Planner {
     /// Counters.
     pub fn stats(&self) -> PlanStats {
         let mut s = self.stats;
+        s.recording = self.record.is_some() || self.packing.is_some();
         if let Some(p) = &self.plan {
             s.period = p.period;
             s.footprint = p.footprint;

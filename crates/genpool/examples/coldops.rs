@@ -25,6 +25,16 @@ struct Cold {
     allocs: u64,
     free_ns: u64,
     frees: u64,
+    /// Per tier (slab, extent, other): alloc ns, allocs, free ns, frees.
+    by_tier: [[u64; 4]; 3],
+}
+
+fn tier_index(pool: &Pool, ptr: u64) -> usize {
+    match pool.lookup(ptr).map(|b| b.tier) {
+        Some(genpool::Tier::Slab) => 0,
+        Some(genpool::Tier::Extent) => 1,
+        _ => 2,
+    }
 }
 
 impl Cold {
@@ -47,18 +57,28 @@ impl ReplayAllocator for Cold {
         let t = Instant::now();
         let r = self.inner.alloc(size, stream, site);
         if self.counting {
-            self.alloc_ns += t.elapsed().as_nanos() as u64;
+            let ns = t.elapsed().as_nanos() as u64;
+            self.alloc_ns += ns;
             self.allocs += 1;
+            if let Ok(p) = r {
+                let i = tier_index(self.inner.pool(), p);
+                self.by_tier[i][0] += ns;
+                self.by_tier[i][1] += 1;
+            }
         }
         r
     }
     fn free(&mut self, ptr: u64, size: u64, stream: u64) -> Result<(), ReplayError> {
+        let i = tier_index(self.inner.pool(), ptr);
         self.thrash();
         let t = Instant::now();
         let r = self.inner.free(ptr, size, stream);
         if self.counting {
-            self.free_ns += t.elapsed().as_nanos() as u64;
+            let ns = t.elapsed().as_nanos() as u64;
+            self.free_ns += ns;
             self.frees += 1;
+            self.by_tier[i][2] += ns;
+            self.by_tier[i][3] += 1;
         }
         r
     }
@@ -95,6 +115,7 @@ fn main() {
             allocs: 0,
             free_ns: 0,
             frees: 0,
+            by_tier: [[0; 4]; 3],
         };
         let opts = gen_trace::ReplayOptions {
             passes,
@@ -110,5 +131,14 @@ fn main() {
             cold.free_ns as f64 / cold.frees.max(1) as f64,
             cold.frees
         );
+        for (name, t) in ["slab", "extent", "other"].iter().zip(cold.by_tier) {
+            println!(
+                "  {name:6} alloc {:5.0} ns x {:7}  free {:5.0} ns x {:7}",
+                t[0] as f64 / t[1].max(1) as f64,
+                t[1],
+                t[2] as f64 / t[3].max(1) as f64,
+                t[3]
+            );
+        }
     }
 }

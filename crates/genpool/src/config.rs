@@ -118,7 +118,7 @@ pub struct Config {
     pub page_slack_max: f64,
     /// With iteration marks: the share of an iteration's wall time page moves may take. When an
     /// iteration (after the first three) spends more, the headroom grows by half a percent per budget
-    /// spent (at most two percent at a time), up to `page_slack_max` (default 5 %): a page costs 2 MiB
+    /// spent (at most two percent at a time), up to `page_slack_max` (default 8 %): a page costs 2 MiB
     /// held, a move ~44 µs of the driver's time (H200).
     pub move_budget: f64,
     /// Page-aware placement in the extent arena: how many best-fitting free extents to compare for the
@@ -168,7 +168,7 @@ impl Default for Config {
             short_horizon: 0,
             mid_horizon: 0,
             page_slack: 0.0,
-            page_slack_max: 0.05,
+            page_slack_max: 0.08,
             move_budget: 0.005,
             placement_candidates: 1,
             extent_generations: false,

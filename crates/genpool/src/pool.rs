@@ -1070,12 +1070,12 @@ impl Pool {
             let elapsed = now.duration_since(last).as_nanos() as f64;
             let slack = self.pages.slack();
             let budget = self.cfg.move_budget * elapsed;
-            // A plan that is ready and waits for moves to prove it is needed fixes them itself (GPT-2:
-            // it activates a few iterations later and moves stop): headroom bought meanwhile would be
-            // held for nothing.
+            // A plan being recorded, or ready and waiting for moves to prove it is needed, fixes them
+            // itself (GPT-2: it activates a few iterations later and moves stop): headroom bought
+            // meanwhile would be held for nothing.
             let plan_pending = self.plan.as_ref().is_some_and(|pt| {
                 let s = pt.inner.lock().planner.stats();
-                s.period > 0 && !s.active
+                s.recording || (s.period > 0 && !s.active)
             });
             if spent > budget && slack < self.cfg.page_slack_max && !plan_pending {
                 let step = SLACK_STEP * (spent / budget).min(SLACK_STEPS_MAX);

@@ -620,7 +620,7 @@ fn iteration_marks_grow_page_headroom_until_moves_stop() {
             s.pages.pages_in_use_peak,
         )
     };
-    // 8 of ~76 pages move each time: a headroom of ~11 % stops that (the default cap, 5 %, would not).
+    // 8 of ~76 pages move each time: a headroom of ~11 % stops that (the default cap, 8 %, would not).
     let (moves, slack, held, in_use) = run("plan:false,page_slack_max:0.2", true);
     assert!(
         moves[..4].iter().sum::<u64>() > 0,
@@ -634,7 +634,7 @@ fn iteration_marks_grow_page_headroom_until_moves_stop() {
     );
     let (moves, slack, ..) = run("plan:false", true);
     assert!(
-        (slack - 0.05).abs() < 1e-9,
+        (slack - 0.08).abs() < 1e-9,
         "capped at page_slack_max: {slack}"
     );
     assert!(
