@@ -436,7 +436,11 @@ impl Planner {
         if self.last_seen.len() > 4 * self.hist.len() {
             self.last_seen.clear();
         }
-        if self.record.is_some() || self.plan.is_some() || self.packing.is_some() || n < self.hold_until {
+        if self.record.is_some()
+            || self.plan.is_some()
+            || self.packing.is_some()
+            || n < self.hold_until
+        {
             return;
         }
         let confirmed = self
@@ -466,9 +470,16 @@ impl Planner {
                 // A closed channel (the planner is gone) is fine: nobody wants the plan any more.
                 let _ = tx.send(build_plan(rec, window));
             };
-            match std::thread::Builder::new().name("genpool-plan".into()).spawn(job) {
+            match std::thread::Builder::new()
+                .name("genpool-plan".into())
+                .spawn(job)
+            {
                 Ok(_) => {
-                    self.packing = Some(Packing { next, period: p, rx });
+                    self.packing = Some(Packing {
+                        next,
+                        period: p,
+                        rx,
+                    });
                     return;
                 }
                 // No thread to be had: pack here, as without `background` (the job, and the record in
@@ -698,7 +709,6 @@ fn build_plan(rec: Record, window: u64) -> Option<Plan> {
         confidence: 4 * w,
     })
 }
-
 
 /// The hash of a window of sizes (oldest first) that identifies a position in the sequence: FNV-1a's
 /// constants, with a shift so that high bits reach the low ones.

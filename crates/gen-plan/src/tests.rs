@@ -289,11 +289,17 @@ fn run_until_active(o: &mut Owner, first_id: u32, max_iters: u32) -> u32 {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
     }
-    panic!("not active after {max_iters} iterations: {:?}", o.planner.stats());
+    panic!(
+        "not active after {max_iters} iterations: {:?}",
+        o.planner.stats()
+    );
 }
 
 #[test]
-#[cfg_attr(miri, ignore = "threads and sleeps; the foreground path is the same code")]
+#[cfg_attr(
+    miri,
+    ignore = "threads and sleeps; the foreground path is the same code"
+)]
 fn background_packing_serves_the_same_plan() {
     let cfg = PlanConfig {
         confirm: 256,
@@ -308,19 +314,30 @@ fn background_packing_serves_the_same_plan() {
     run_until_active(&mut fg, 1000, 40);
     run_until_active(&mut bg, 1000, 40);
     let (a, b) = (fg.planner.stats(), bg.planner.stats());
-    assert_eq!((a.period, a.footprint, a.lower_bound), (b.period, b.footprint, b.lower_bound));
+    assert_eq!(
+        (a.period, a.footprint, a.lower_bound),
+        (b.period, b.footprint, b.lower_bound)
+    );
     // Served alike: after the iteration of the switch, whole iterations planned (the owner checks no
     // planned block overlaps a live one).
     for o in [&mut fg, &mut bg] {
         o.run(&iteration(400_000, 12, 1));
         let before = o.planned_allocs;
         o.run(&iteration(500_000, 12, 1));
-        assert_eq!(o.planned_allocs - before, a.period, "{:?}", o.planner.stats());
+        assert_eq!(
+            o.planned_allocs - before,
+            a.period,
+            "{:?}",
+            o.planner.stats()
+        );
     }
 }
 
 #[test]
-#[cfg_attr(miri, ignore = "threads and sleeps; the foreground path is the same code")]
+#[cfg_attr(
+    miri,
+    ignore = "threads and sleeps; the foreground path is the same code"
+)]
 fn a_plan_packed_late_picks_the_sequence_up_where_it_is() {
     let mut o = Owner::new(PlanConfig {
         confirm: 256,

@@ -62,19 +62,23 @@ fn stream_id(stream: cudaStream_t) -> u64 {
 /// a small C++ wrapper in front that throws `c10::OutOfMemoryError` instead.
 #[no_mangle]
 pub extern "C" fn genpool_malloc(size: usize, device: c_int, stream: cudaStream_t) -> *mut c_void {
-    guard("genpool_malloc", std::ptr::null_mut(), || timing::timed(&timing::MALLOC, || {
-        if size == 0 {
-            return std::ptr::null_mut();
-        }
-        match registry::state(device.into()).and_then(|s| s.alloc(size as u64, stream_id(stream))) {
-            // A device address, never dereferenced on the host: an address without provenance.
-            Ok(p) => std::ptr::without_provenance_mut(p as usize),
-            Err(e) => {
-                fail(&e);
-                std::ptr::null_mut()
+    guard("genpool_malloc", std::ptr::null_mut(), || {
+        timing::timed(&timing::MALLOC, || {
+            if size == 0 {
+                return std::ptr::null_mut();
             }
-        }
-    }))
+            match registry::state(device.into())
+                .and_then(|s| s.alloc(size as u64, stream_id(stream)))
+            {
+                // A device address, never dereferenced on the host: an address without provenance.
+                Ok(p) => std::ptr::without_provenance_mut(p as usize),
+                Err(e) => {
+                    fail(&e);
+                    std::ptr::null_mut()
+                }
+            }
+        })
+    })
 }
 
 fn free_on(state: &DeviceState, ptr: u64, stream: u64) -> Result<u64, PluginError> {
@@ -92,41 +96,43 @@ fn free_on(state: &DeviceState, ptr: u64, stream: u64) -> Result<u64, PluginErro
 #[no_mangle]
 pub extern "C" fn genpool_free(ptr: *mut c_void, size: usize, device: c_int, stream: cudaStream_t) {
     let _ = size;
-    guard("genpool_free", (), || timing::timed(&timing::FREE, || {
-        if ptr.is_null() {
-            return;
-        }
-        let addr = ptr.addr() as u64;
-        let res = registry::existing(device.into()).and_then(|s| match s {
-            // A block of another device (freed with the wrong index): route it by address.
-            Some(s) if !s.contains(addr) => match registry::owner_by_address(addr, s.index()) {
-                Some(owner) => free_on(owner, addr, stream_id(stream)),
-                None => free_on(s, addr, stream_id(stream)),
-            },
-            Some(s) => free_on(s, addr, stream_id(stream)),
-            None if device >= 0 => match registry::owner_by_address(addr, usize::MAX) {
-                Some(owner) => free_on(owner, addr, stream_id(stream)),
+    guard("genpool_free", (), || {
+        timing::timed(&timing::FREE, || {
+            if ptr.is_null() {
+                return;
+            }
+            let addr = ptr.addr() as u64;
+            let res = registry::existing(device.into()).and_then(|s| match s {
+                // A block of another device (freed with the wrong index): route it by address.
+                Some(s) if !s.contains(addr) => match registry::owner_by_address(addr, s.index()) {
+                    Some(owner) => free_on(owner, addr, stream_id(stream)),
+                    None => free_on(s, addr, stream_id(stream)),
+                },
+                Some(s) => free_on(s, addr, stream_id(stream)),
+                None if device >= 0 => match registry::owner_by_address(addr, usize::MAX) {
+                    Some(owner) => free_on(owner, addr, stream_id(stream)),
+                    None => Err(GenpoolError::InvalidFree {
+                        ptr: addr,
+                        fault: FreeFault::Unknown,
+                    }
+                    .into()),
+                },
                 None => Err(GenpoolError::InvalidFree {
                     ptr: addr,
                     fault: FreeFault::Unknown,
                 }
                 .into()),
-            },
-            None => Err(GenpoolError::InvalidFree {
-                ptr: addr,
-                fault: FreeFault::Unknown,
+            });
+            match res {
+                Ok(_) => {}
+                Err(e @ PluginError::Engine(GenpoolError::InvalidFree { .. })) => {
+                    report::set_last_error(&e);
+                    report::invalid_free(device, addr, &e);
+                }
+                Err(e) => fail(&e),
             }
-            .into()),
-        });
-        match res {
-            Ok(_) => {}
-            Err(e @ PluginError::Engine(GenpoolError::InvalidFree { .. })) => {
-                report::set_last_error(&e);
-                report::invalid_free(device, addr, &e);
-            }
-            Err(e) => fail(&e),
-        }
-    }))
+        })
+    })
 }
 
 /// PyTorch's `init_fn`, called once when CUDA is initialised with the number of visible devices: device

@@ -43,6 +43,10 @@ fn timing_counts_every_entry_call() {
         assert!(ns > 0 && max > 0 && max <= ns, "{side}: {t}");
         assert!(slow <= 6, "{side}: {t}");
         // A call over the threshold is what `slow` counts, so the slowest one decides whether any is.
-        assert_eq!(slow > 0, max > t["slow_ns"].as_u64().unwrap(), "{side}: {t}");
+        assert_eq!(
+            slow > 0,
+            max > t["slow_ns"].as_u64().unwrap(),
+            "{side}: {t}"
+        );
     }
 }

@@ -101,8 +101,14 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let path = args.get(1).expect("usage: coldops TRACE [CONF]");
     let cfg = Config::parse(args.get(2).map_or("", String::as_str)).expect("config");
-    let kb: usize = std::env::var("THRASH_KB").ok().and_then(|v| v.parse().ok()).unwrap_or(2048);
-    let passes: u32 = std::env::var("PASSES").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    let kb: usize = std::env::var("THRASH_KB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2048);
+    let passes: u32 = std::env::var("PASSES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
     for trace in gen_trace::load_path(std::path::Path::new(path)).expect("trace") {
         let dev = Arc::new(SimDevice::config().capacity(141 << 30).build().unwrap());
         let pool = Pool::new(dev, cfg.clone()).unwrap();
