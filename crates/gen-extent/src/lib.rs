@@ -174,7 +174,7 @@ impl ExtentArena {
             placement_candidates: cfg.placement_candidates,
             inner: Mutex::new(Inner {
                 core: ExtentCore::new(len),
-                tally: PageTally::new(page),
+                tally: PageTally::dense(page, len.div_ceil(page)),
                 peak_committed_pages: 0,
                 peak_live: 0,
                 allocs: 0,

@@ -13,17 +13,49 @@ use std::collections::HashMap;
 pub struct PageTally {
     page: u64,
     /// References on first/last pages of live blocks (a block whose first and last page coincide counts
-    /// once). Entries at zero are removed.
-    boundary: HashMap<u64, u32>,
+    /// once).
+    boundary: Boundary,
     pages: u64,
 }
 
+#[derive(Debug)]
+enum Boundary {
+    /// Page index → references; entries at zero are removed.
+    Sparse(HashMap<u64, u32>),
+    /// References by page index over a range of known length: an index instead of a hash probe on every
+    /// allocation and free. Zeroed memory from the OS: parts of the table never touched cost nothing.
+    Dense(Vec<u32>),
+}
+
 impl PageTally {
+    /// A tally for blocks anywhere (references kept in a hash map).
     pub fn new(page: u64) -> Self {
         PageTally {
             page: page.max(1),
-            boundary: HashMap::new(),
+            boundary: Boundary::Sparse(HashMap::new()),
             pages: 0,
+        }
+    }
+
+    /// A tally for blocks within the first `pages` pages (a region of known length), with a direct
+    /// table. A block past them is a caller bug: debug builds assert, release builds do not count its
+    /// boundary pages.
+    pub fn dense(page: u64, pages: u64) -> Self {
+        PageTally {
+            page: page.max(1),
+            boundary: Boundary::Dense(vec![0; pages as usize]),
+            pages: 0,
+        }
+    }
+
+    /// The reference count of boundary page `p`, created at zero when absent.
+    fn refs_mut(&mut self, p: u64) -> Option<&mut u32> {
+        match &mut self.boundary {
+            Boundary::Sparse(m) => Some(m.entry(p).or_insert(0)),
+            Boundary::Dense(v) => {
+                debug_assert!((p as usize) < v.len(), "page {p} past the tally's {} pages", v.len());
+                v.get_mut(p as usize)
+            }
         }
     }
 
@@ -44,11 +76,13 @@ impl PageTally {
             .into_iter()
             .flatten()
         {
-            let refs = self.boundary.entry(p).or_insert(0);
-            if *refs == 0 {
+            let Some(refs) = self.refs_mut(p) else {
+                continue;
+            };
+            *refs += 1;
+            if *refs == 1 {
                 self.pages += 1;
             }
-            *refs += 1;
         }
     }
 
@@ -60,11 +94,23 @@ impl PageTally {
             .into_iter()
             .flatten()
         {
-            if let Some(refs) = self.boundary.get_mut(&p) {
-                *refs -= 1;
-                if *refs == 0 {
-                    self.boundary.remove(&p);
-                    self.pages -= 1;
+            match &mut self.boundary {
+                Boundary::Sparse(m) => {
+                    if let Some(refs) = m.get_mut(&p) {
+                        *refs -= 1;
+                        if *refs == 0 {
+                            m.remove(&p);
+                            self.pages -= 1;
+                        }
+                    }
+                }
+                Boundary::Dense(v) => {
+                    if let Some(refs) = v.get_mut(p as usize).filter(|r| **r > 0) {
+                        *refs -= 1;
+                        if *refs == 0 {
+                            self.pages -= 1;
+                        }
+                    }
                 }
             }
         }
@@ -95,18 +141,22 @@ mod tests {
             (20480, 4096),
             (30000, 20000),
         ];
-        let mut t = PageTally::new(page);
-        for (i, &(o, l)) in blocks.iter().enumerate() {
-            t.add(o, l);
-            assert_eq!(t.pages(), union(&blocks[..=i], page), "after adding {i}");
+        for mut t in [PageTally::new(page), PageTally::dense(page, 64)] {
+            for (i, &(o, l)) in blocks.iter().enumerate() {
+                t.add(o, l);
+                assert_eq!(t.pages(), union(&blocks[..=i], page), "after adding {i}");
+            }
+            let mut rest = blocks.to_vec();
+            for i in [2, 0, 5, 1, 4, 3] {
+                t.remove(blocks[i].0, blocks[i].1);
+                rest.retain(|&b| b != blocks[i]);
+                assert_eq!(t.pages(), union(&rest, page), "after removing {i}");
+            }
+            assert_eq!(t.pages(), 0);
+            match &t.boundary {
+                Boundary::Sparse(m) => assert!(m.is_empty()),
+                Boundary::Dense(v) => assert!(v.iter().all(|&r| r == 0)),
+            }
         }
-        let mut rest = blocks.to_vec();
-        for i in [2, 0, 5, 1, 4, 3] {
-            t.remove(blocks[i].0, blocks[i].1);
-            rest.retain(|&b| b != blocks[i]);
-            assert_eq!(t.pages(), union(&rest, page), "after removing {i}");
-        }
-        assert_eq!(t.pages(), 0);
-        assert!(t.boundary.is_empty());
     }
 }

@@ -374,7 +374,7 @@ impl Pool {
                         background: cfg.plan_background,
                         ..PlanConfig::default()
                     }),
-                    tally: PageTally::new(page),
+                    tally: PageTally::dense(page, va / page),
                     pinned: cfg
                         .plan_pin
                         .then(|| vec![0; (va / page).div_ceil(64) as usize]),
