@@ -53,7 +53,11 @@ impl PageTally {
         match &mut self.boundary {
             Boundary::Sparse(m) => Some(m.entry(p).or_insert(0)),
             Boundary::Dense(v) => {
-                debug_assert!((p as usize) < v.len(), "page {p} past the tally's {} pages", v.len());
+                debug_assert!(
+                    (p as usize) < v.len(),
+                    "page {p} past the tally's {} pages",
+                    v.len()
+                );
                 v.get_mut(p as usize)
             }
         }

@@ -710,7 +710,8 @@ impl Pool {
     }
 
     /// Whether the planner should see this large allocation. After [`PLAN_QUIET_WINDOWS`] windows of
-    /// [`PLAN_WAKE_WINDOW`] large allocations in which the tiers moved no page and no plan was in use it
+    /// [`PLAN_WAKE_WINDOW`] large allocations in which the tiers moved no page, no plan was in use and
+    /// none was being recorded or packed it
     /// sleeps, costing nothing (a plan could only cost memory there: ResNet-50's layout repeats in
     /// place); the first window that moves a page wakes it.
     fn planner_awake(&self, pt: &PlanTier) -> bool {
@@ -718,9 +719,11 @@ impl Pool {
         if n % PLAN_WAKE_WINDOW == 0 {
             let steals = self.pages.stats().steals;
             let moving = steals > self.plan_steals.swap(steals, Relaxed);
+            // A period being recorded or packed keeps it awake too: asleep, the plan it yields would
+            // never see the allocation sequence again to follow it to its activation point.
             let busy = {
                 let s = pt.inner.lock().planner.stats();
-                s.active || s.planned_live > 0
+                s.active || s.planned_live > 0 || s.recording
             };
             if moving || busy {
                 self.plan_quiet.store(0, Relaxed);
