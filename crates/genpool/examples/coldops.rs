@@ -25,6 +25,8 @@ struct Cold {
     allocs: u64,
     free_ns: u64,
     frees: u64,
+    /// Every call (first pass included): alloc ns, allocs, free ns, frees — read between passes.
+    shared: std::rc::Rc<std::cell::Cell<[u64; 4]>>,
     /// Per tier (slab, extent, other): alloc ns, allocs, free ns, frees.
     by_tier: [[u64; 4]; 3],
 }
@@ -56,8 +58,12 @@ impl ReplayAllocator for Cold {
         self.thrash();
         let t = Instant::now();
         let r = self.inner.alloc(size, stream, site);
+        let ns = t.elapsed().as_nanos() as u64;
+        let mut sh = self.shared.get();
+        sh[0] += ns;
+        sh[1] += 1;
+        self.shared.set(sh);
         if self.counting {
-            let ns = t.elapsed().as_nanos() as u64;
             self.alloc_ns += ns;
             self.allocs += 1;
             if let Ok(p) = r {
@@ -73,8 +79,12 @@ impl ReplayAllocator for Cold {
         self.thrash();
         let t = Instant::now();
         let r = self.inner.free(ptr, size, stream);
+        let ns = t.elapsed().as_nanos() as u64;
+        let mut sh = self.shared.get();
+        sh[2] += ns;
+        sh[3] += 1;
+        self.shared.set(sh);
         if self.counting {
-            let ns = t.elapsed().as_nanos() as u64;
             self.free_ns += ns;
             self.frees += 1;
             self.by_tier[i][2] += ns;
@@ -121,6 +131,7 @@ fn main() {
             allocs: 0,
             free_ns: 0,
             frees: 0,
+            shared: Default::default(),
             by_tier: [[0; 4]; 3],
         };
         let opts = gen_trace::ReplayOptions {
@@ -128,7 +139,22 @@ fn main() {
             ignore_site: true,
         };
         let plan = gen_trace::ReplayPlan::new(&trace).unwrap();
-        gen_trace::replay_plan(&plan, &mut cold, &opts, &mut |_| {}).unwrap();
+        // PER_PASS=1: each pass's own figures (does anything grow over a long run?).
+        let per_pass = std::env::var_os("PER_PASS").is_some();
+        let shared = cold.shared.clone();
+        let mut last = [0u64; 4];
+        gen_trace::replay_plan(&plan, &mut cold, &opts, &mut |pass| {
+            if per_pass {
+                let now = shared.get();
+                println!(
+                    "  pass {pass}: alloc {:.0} ns  free {:.0} ns",
+                    (now[0] - last[0]) as f64 / (now[1] - last[1]).max(1) as f64,
+                    (now[2] - last[2]) as f64 / (now[3] - last[3]).max(1) as f64
+                );
+                last = now;
+            }
+        })
+        .unwrap();
         println!(
             "{}: thrash {kb} KiB  alloc {:.0} ns ({} calls)  free {:.0} ns ({} calls)",
             trace.name,

@@ -24,12 +24,9 @@ fn main() {
             ignore_site: std::env::var_os("IGNORE_SITE").is_some(),
         };
         let plan = gen_trace::ReplayPlan::new(&trace).unwrap();
-        let pool_ptr: *const Pool = eng.pool();
+        let pages = eng.pool().page_pool().clone();
         let r = gen_trace::replay_plan(&plan, &mut eng, &opts, &mut |pass| {
-            // SAFETY: the pool outlives the replay and is only read here, between passes, while the
-            // replay holds no reference into it.
-            let p = unsafe { &*pool_ptr };
-            let s = p.stats().pages;
+            let s = pages.stats();
             eprintln!(
                 "  after pass {pass}: steals {} creates {} revivals {} peak {}",
                 s.steals, s.creates, s.revivals, s.pages_peak

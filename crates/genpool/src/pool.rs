@@ -444,6 +444,12 @@ impl Pool {
         &self.device
     }
 
+    /// The physical page pool under every tier (shared: its counters can be read while the pool itself
+    /// is borrowed elsewhere, e.g. between the passes of a replay).
+    pub fn page_pool(&self) -> &Arc<PagePool> {
+        &self.pages
+    }
+
     /// The configuration in force.
     pub fn config(&self) -> &Config {
         &self.cfg
