@@ -725,11 +725,17 @@ impl Pool {
         if n % PLAN_WAKE_WINDOW == 0 {
             let steals = self.pages.stats().steals;
             let moving = steals > self.plan_steals.swap(steals, Relaxed);
-            // A period being recorded or packed keeps it awake too: asleep, the plan it yields would
-            // never see the allocation sequence again to follow it to its activation point.
+            // A period being recorded or packed keeps it awake too, and so does a ready plan when plans
+            // are served without waiting for moves (`plan_min_moves:0`): asleep, the plan would never
+            // see the allocation sequence again to follow it to its activation point. (With the default
+            // a ready plan is served only after periods that moved pages, and a period that moves pages
+            // wakes the planner anyway.)
             let busy = {
                 let s = pt.inner.lock().planner.stats();
-                s.active || s.planned_live > 0 || s.recording
+                s.active
+                    || s.planned_live > 0
+                    || s.recording
+                    || (s.period > 0 && self.cfg.plan_min_moves == 0.0)
             };
             if moving || busy {
                 self.plan_quiet.store(0, Relaxed);
@@ -1294,6 +1300,7 @@ impl Pool {
                     activations: s.activations,
                     deactivations: s.deactivations,
                     committed: g.pages() * self.pages.page_size(),
+                    recording: s.recording,
                 }
             }),
         }

@@ -87,4 +87,6 @@ pub struct PlanSummary {
     pub deactivations: u64,
     /// Bytes of the plan's range mapped now.
     pub committed: u64,
+    /// Whether a period is being recorded or packed now (a plan may follow).
+    pub recording: bool,
 }

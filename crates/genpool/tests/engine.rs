@@ -453,6 +453,12 @@ fn periodic_plan_program(conf: &str) {
         for g in grads {
             check_free(&pool, g);
         }
+        // A program's iterations take milliseconds; this loop's take microseconds. While a period is
+        // recorded or packed, let some time pass as it would, so that a loaded machine, slow to run the
+        // packing thread, does not see the loop end before the plan arrives.
+        if pool.stats().plan.recording {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
     }
     let s = pool.stats().plan;
     if !cfg!(miri) {
