@@ -228,6 +228,9 @@ pub struct Planner {
     /// Tests: leave a packed plan waiting (as if the helper thread were slow).
     #[cfg(test)]
     hold_packed: bool,
+    /// Tests: a packed plan received by `wait_packed`, adopted by the next poll.
+    #[cfg(test)]
+    received: Option<Option<Plan>>,
     stats: PlanStats,
 }
 
@@ -282,6 +285,8 @@ impl Planner {
             packing: None,
             #[cfg(test)]
             hold_packed: false,
+            #[cfg(test)]
+            received: None,
             stats: PlanStats::default(),
             cfg,
         }
@@ -502,6 +507,26 @@ impl Planner {
         self.install(plan, 0, p);
     }
 
+    /// Tests: block until the helper thread has packed the current period (up to `timeout`); the plan
+    /// is adopted by the next allocation, as if it had arrived then. False on timeout or with nothing
+    /// being packed.
+    #[cfg(test)]
+    fn wait_packed(&mut self, timeout: std::time::Duration) -> bool {
+        if self.received.is_some() {
+            return true;
+        }
+        let Some(job) = self.packing.as_ref() else {
+            return false;
+        };
+        match job.rx.recv_timeout(timeout) {
+            Ok(plan) => {
+                self.received = Some(plan);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
     /// Whether a recorded period is being packed on a helper thread.
     pub fn packing(&self) -> bool {
         self.packing.is_some()
@@ -516,7 +541,11 @@ impl Planner {
         if self.hold_packed {
             return;
         }
-        let plan = match job.rx.try_recv() {
+        #[cfg(test)]
+        let early = self.received.take();
+        #[cfg(not(test))]
+        let early: Option<Option<Plan>> = None;
+        let plan = match early.map_or_else(|| job.rx.try_recv(), Ok) {
             Ok(plan) => plan,
             Err(std::sync::mpsc::TryRecvError::Empty) => return,
             // The helper thread died (it cannot panic short of an allocation failure): start over.

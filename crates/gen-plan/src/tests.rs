@@ -286,7 +286,11 @@ fn run_until_active(o: &mut Owner, first_id: u32, max_iters: u32) -> u32 {
             return it + 1;
         }
         if o.planner.packing() {
-            std::thread::sleep(std::time::Duration::from_millis(20));
+            // As a program's time passes (a loaded machine may be slow to run the packing thread).
+            assert!(
+                o.planner.wait_packed(std::time::Duration::from_secs(30)),
+                "never packed"
+            );
         }
     }
     panic!(
@@ -364,7 +368,10 @@ fn a_plan_packed_late_picks_the_sequence_up_where_it_is() {
         .map(|(i, _)| i)
         .unwrap();
     o.run(&next[..cut]);
-    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert!(
+        o.planner.wait_packed(std::time::Duration::from_secs(30)),
+        "never packed"
+    );
     o.planner.hold_packed = false;
     o.run(&next[cut..]);
     assert!(!o.planner.packing(), "picked up");
