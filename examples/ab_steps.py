@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import subprocess
 import sys
 import threading
@@ -126,17 +127,11 @@ class Child:
         self.log.close()
 
 
-def median(xs: Sequence[float]) -> float:
-    s = sorted(xs)
-    n = len(s)
-    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
-
-
 def bootstrap_ci(ratios: Sequence[float], rounds: int = 2000, seed: int = 0) -> tuple:
     """95 % percentile-bootstrap interval of the median of ``ratios``."""
     rng = random.Random(seed)
     n = len(ratios)
-    meds = sorted(median([ratios[rng.randrange(n)] for _ in range(n)]) for _ in range(rounds))
+    meds = sorted(statistics.median([ratios[rng.randrange(n)] for _ in range(n)]) for _ in range(rounds))
     return meds[int(0.025 * rounds)], meds[int(0.975 * rounds) - 1]
 
 
@@ -149,8 +144,9 @@ def summarise(a_ms: Sequence[float], b_ms: Sequence[float], warmup: int) -> Dict
         return {"steps": 0}
     ratios = [y / x for x, y in zip(a, b)]
     lo, hi = bootstrap_ci(ratios)
-    return {"steps": n, "median_ratio": median(ratios), "ci95": [lo, hi], "total_ratio": sum(b) / sum(a),
-            "median_a_ms": median(a), "median_b_ms": median(b)}
+    return {"steps": n, "median_ratio": statistics.median(ratios), "ci95": [lo, hi],
+            "total_ratio": sum(b) / sum(a), "median_a_ms": statistics.median(a),
+            "median_b_ms": statistics.median(b)}
 
 
 def run_pair(cmd_a: List[str], cmd_b: List[str], steps: int, warmup: int, logs: Path, name: str,

@@ -287,11 +287,7 @@ def train(args) -> dict:
             start.record()
             t0 = time.perf_counter()
         h0 = time.perf_counter()
-        ctx = gp.step() if gp is not None else _null()
-        with ctx:
-            loss = step_fn(i)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+        loss = one_step(gp, opt, step_fn, i)
         loss_tensors.append(loss.detach())
         host.append((time.perf_counter() - h0) * 1e3)
         if track:
@@ -363,6 +359,16 @@ def train(args) -> dict:
     return result
 
 
+def one_step(gp, opt, step_fn, i):
+    """Training step ``i`` (forward, backward, optimizer), marked as a genpool iteration when genpool is
+    the allocator; returns the loss tensor (not read: no host synchronisation)."""
+    with gp.step() if gp is not None else _null():
+        loss = step_fn(i)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return loss
+
+
 def lockstep(args, torch, gp, opt, step_fn, sampler) -> dict:
     """One step per 'go' on stdin, each timed from its start to a synchronize after it (so the time
     holds the host's work and the GPU's); 'stop' or end of input ends the loop. Driven by
@@ -376,11 +382,7 @@ def lockstep(args, torch, gp, opt, step_fn, sampler) -> dict:
         if not line or line.strip() != "go":
             break
         t0 = time.perf_counter()
-        ctx = gp.step() if gp is not None else _null()
-        with ctx:
-            loss = step_fn(i)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+        loss = one_step(gp, opt, step_fn, i)
         torch.cuda.synchronize()
         ms = (time.perf_counter() - t0) * 1e3
         times.append(ms)

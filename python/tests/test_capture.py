@@ -40,6 +40,19 @@ train = _load_example("train")
 ab = _load_example("ab_steps")
 
 
+def parse_exits(test, parse, argv):
+    """``parse(argv)`` must exit (argparse's error, its message kept off the test output); returns the
+    ``SystemExit``."""
+    with open(os.devnull, "w") as null:
+        old, sys.stderr = sys.stderr, null
+        try:
+            with test.assertRaises(SystemExit) as cm:
+                parse(argv)
+        finally:
+            sys.stderr = old
+    return cm.exception
+
+
 def ev(action, addr=0, size=0, stream=0, t=0, frames=None, **extra):
     e = {"action": action, "addr": addr, "size": size, "stream": stream, "time_us": t,
          "frames": frames if frames is not None else [], "compile_context": "N/A", "user_metadata": ""}
@@ -218,14 +231,7 @@ class ExpectedTracesTest(unittest.TestCase):
 
 class CaptureArgsTest(unittest.TestCase):
     def parse_fails(self, argv):
-        with open(os.devnull, "w") as null:
-            old, sys.stderr = sys.stderr, null
-            try:
-                with self.assertRaises(SystemExit) as cm:
-                    cap.parse_args(argv)
-            finally:
-                sys.stderr = old
-        self.assertEqual(cm.exception.code, 2)
+        self.assertEqual(parse_exits(self, cap.parse_args, argv).code, 2)
 
     def test_workloads(self):
         a = cap.parse_args(["out", "gpt2_prefetch", "--steps", "3", "bert_serve_4streams"])
@@ -358,21 +364,11 @@ class BenchTrainTest(unittest.TestCase):
         for argv in (["--models", "gpt3"], ["--models", ""], ["--allocators", "rmm"], ["--steps", "0"],
                      ["--budget-s", "-1"], ["--check-models", "resnet50"], ["--timeout", "0"],
                      ["--repeats", "0"], ["--sample-ms", "-2"]):
-            with self.subTest(argv=argv), open(os.devnull, "w") as null:
-                old, sys.stderr = sys.stderr, null
-                try:
-                    with self.assertRaises(SystemExit):
-                        bench.parse_args(argv)
-                finally:
-                    sys.stderr = old
+            with self.subTest(argv=argv):
+                parse_exits(self, bench.parse_args, argv)
         for argv in (["--model", "gpt3"], ["--steps", "0"], ["--warmup", "-1"], ["--sample-ms", "-1"]):
-            with self.subTest(argv=argv), open(os.devnull, "w") as null:
-                old, sys.stderr = sys.stderr, null
-                try:
-                    with self.assertRaises(SystemExit):
-                        train.parse_args(argv)
-                finally:
-                    sys.stderr = old
+            with self.subTest(argv=argv):
+                parse_exits(self, train.parse_args, argv)
 
     def test_all_runs_without_budget(self):
         r = FakeRunner()
@@ -587,13 +583,8 @@ class AbStepsTest(unittest.TestCase):
         self.assertEqual((t.steps, t.sample_ms, t.genpool_conf), (27, 0.0, "k:1"))
         self.assertNotIn("--genpool-conf", ab.child_cmd(a, "gpt2", "native"))
         for argv in (["--models", "gpt3"], ["--steps", "0"], ["--a", "genpool", "--b", "genpool"]):
-            with self.subTest(argv=argv), open(os.devnull, "w") as null:
-                old, sys.stderr = sys.stderr, null
-                try:
-                    with self.assertRaises(SystemExit):
-                        ab.parse_args(argv)
-                finally:
-                    sys.stderr = old
+            with self.subTest(argv=argv):
+                parse_exits(self, ab.parse_args, argv)
 
 
 if __name__ == "__main__":

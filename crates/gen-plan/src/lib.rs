@@ -494,8 +494,8 @@ impl Planner {
                     });
                     return;
                 }
-                // No thread to be had: pack here, as without `background` (the job, and the record in
-                // it, went with the error: this recording is lost and a later one will do).
+                // No thread to be had: the job, and the record moved into it, went with the error. This
+                // recording is lost (counted as aborted); detection records the period again later.
                 Err(e) => {
                     log::debug!("gen-plan: no packing thread ({e}); the period is recorded again");
                     self.stats.aborted_recordings += 1;
@@ -659,7 +659,7 @@ impl Planner {
 
 /// Pack a recorded period into a ready plan (generation 0, cursor 0: the owner sets both); `None` when
 /// no block of the period can be planned. Pure: runs on the allocating thread or on a helper.
-fn build_plan(rec: Record, window: u64) -> Option<Plan> {
+fn build_plan(rec: Record, w: u64) -> Option<Plan> {
     let p = rec.period;
     let mut blocks = Vec::new();
     let mut positions = Vec::new();
@@ -705,7 +705,6 @@ fn build_plan(rec: Record, window: u64) -> Option<Plan> {
     let phase = (0..p).min_by_key(|&x| live[x as usize]).unwrap_or(0);
     let mut by_fingerprint = HashMap::new();
     let mut dup = std::collections::HashSet::new();
-    let w = window;
     for x in 0..p {
         // The window ending at position x, wrapping around the period, oldest first — as at run time.
         let h = window_hash(

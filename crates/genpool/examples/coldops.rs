@@ -21,11 +21,9 @@ struct Cold {
     junk: Vec<u64>,
     round: u64,
     counting: bool,
-    alloc_ns: u64,
-    allocs: u64,
-    free_ns: u64,
-    frees: u64,
-    /// Every call (first pass included): alloc ns, allocs, free ns, frees — read between passes.
+    /// The counted passes' calls: alloc ns, allocs, free ns, frees.
+    counted: [u64; 4],
+    /// Every call (first pass included), in the same layout — read between passes.
     shared: std::rc::Rc<std::cell::Cell<[u64; 4]>>,
     /// Per tier (slab, extent, other): alloc ns, allocs, free ns, frees.
     by_tier: [[u64; 4]; 3],
@@ -48,6 +46,22 @@ impl Cold {
         }
         std::hint::black_box(&self.junk);
     }
+
+    /// Count one call of `ns` nanoseconds: `at` 0 for an allocation, 2 for a free; `tier` when known.
+    fn note(&mut self, at: usize, tier: Option<usize>, ns: u64) {
+        let mut all = self.shared.get();
+        all[at] += ns;
+        all[at + 1] += 1;
+        self.shared.set(all);
+        if self.counting {
+            self.counted[at] += ns;
+            self.counted[at + 1] += 1;
+            if let Some(i) = tier {
+                self.by_tier[i][at] += ns;
+                self.by_tier[i][at + 1] += 1;
+            }
+        }
+    }
 }
 
 impl ReplayAllocator for Cold {
@@ -59,19 +73,11 @@ impl ReplayAllocator for Cold {
         let t = Instant::now();
         let r = self.inner.alloc(size, stream, site);
         let ns = t.elapsed().as_nanos() as u64;
-        let mut sh = self.shared.get();
-        sh[0] += ns;
-        sh[1] += 1;
-        self.shared.set(sh);
-        if self.counting {
-            self.alloc_ns += ns;
-            self.allocs += 1;
-            if let Ok(p) = r {
-                let i = tier_index(self.inner.pool(), p);
-                self.by_tier[i][0] += ns;
-                self.by_tier[i][1] += 1;
-            }
-        }
+        let tier = match r {
+            Ok(p) if self.counting => Some(tier_index(self.inner.pool(), p)),
+            _ => None,
+        };
+        self.note(0, tier, ns);
         r
     }
     fn free(&mut self, ptr: u64, size: u64, stream: u64) -> Result<(), ReplayError> {
@@ -79,17 +85,7 @@ impl ReplayAllocator for Cold {
         self.thrash();
         let t = Instant::now();
         let r = self.inner.free(ptr, size, stream);
-        let ns = t.elapsed().as_nanos() as u64;
-        let mut sh = self.shared.get();
-        sh[2] += ns;
-        sh[3] += 1;
-        self.shared.set(sh);
-        if self.counting {
-            self.free_ns += ns;
-            self.frees += 1;
-            self.by_tier[i][2] += ns;
-            self.by_tier[i][3] += 1;
-        }
+        self.note(2, Some(i), t.elapsed().as_nanos() as u64);
         r
     }
     fn reserved(&self) -> u64 {
@@ -127,10 +123,7 @@ fn main() {
             junk: vec![0; kb * 1024 / 8],
             round: 0,
             counting: false,
-            alloc_ns: 0,
-            allocs: 0,
-            free_ns: 0,
-            frees: 0,
+            counted: [0; 4],
             shared: Default::default(),
             by_tier: [[0; 4]; 3],
         };
@@ -158,10 +151,10 @@ fn main() {
         println!(
             "{}: thrash {kb} KiB  alloc {:.0} ns ({} calls)  free {:.0} ns ({} calls)",
             trace.name,
-            cold.alloc_ns as f64 / cold.allocs.max(1) as f64,
-            cold.allocs,
-            cold.free_ns as f64 / cold.frees.max(1) as f64,
-            cold.frees
+            cold.counted[0] as f64 / cold.counted[1].max(1) as f64,
+            cold.counted[1],
+            cold.counted[2] as f64 / cold.counted[3].max(1) as f64,
+            cold.counted[3]
         );
         for (name, t) in ["slab", "extent", "other"].iter().zip(cold.by_tier) {
             println!(

@@ -717,9 +717,8 @@ impl Pool {
 
     /// Whether the planner should see this large allocation. After [`PLAN_QUIET_WINDOWS`] windows of
     /// [`PLAN_WAKE_WINDOW`] large allocations in which the tiers moved no page, no plan was in use and
-    /// none was being recorded or packed it
-    /// sleeps, costing nothing (a plan could only cost memory there: ResNet-50's layout repeats in
-    /// place); the first window that moves a page wakes it.
+    /// none was being recorded or packed it sleeps, costing nothing (a plan could only cost memory
+    /// there: ResNet-50's layout repeats in place); the first window that moves a page wakes it.
     fn planner_awake(&self, pt: &PlanTier) -> bool {
         let n = self.plan_clock.fetch_add(1, Relaxed);
         if n % PLAN_WAKE_WINDOW == 0 {
@@ -1072,8 +1071,8 @@ impl Pool {
     /// A training iteration ended (an explicit period mark): the classifier learns the period, and the
     /// page pool's headroom grows (up to `page_slack_max`) when the iteration spent more than
     /// `move_budget` of its wall time moving pages — by half a percent per budget spent, at most two
-    /// percent at a time, and not while a ready plan waits to take the moves over. The first [`WARM_ITERATIONS`] marks only start
-    /// the clock (warm-up lays everything out once).
+    /// percent at a time, and not while a plan is recorded or ready to take the moves over. The first
+    /// [`WARM_ITERATIONS`] marks only start the clock (warm-up lays everything out once).
     pub fn mark_iteration(&self) {
         self.classifier.mark_iteration();
         let now = std::time::Instant::now();

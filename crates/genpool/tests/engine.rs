@@ -554,7 +554,7 @@ fn pinned_plans_stop_page_moves_where_the_layout_shifts_and_only_there() {
     let (n, cut) = (gpt2.events.len(), gpt2.events.len() * 4 / 5);
     let moves = |s: &genpool::PoolStats| s.pages.steals;
     let (plan_cut, plan_all) = (replay_prefix(gpt2, cut, conf), replay_prefix(gpt2, n, conf));
-    let arena = "plan:false,plan_background:false";
+    let arena = "plan:false";
     let (dflt_cut, dflt_all) = (
         replay_prefix(gpt2, cut, arena),
         replay_prefix(gpt2, n, arena),
