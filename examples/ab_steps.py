@@ -35,7 +35,7 @@ from typing import Dict, List, Optional, Sequence
 HERE = Path(__file__).resolve().parent
 TRAIN = HERE / "train.py"
 MODELS = ("gpt2", "gpt2m-varlen", "llama-ckpt", "resnet50", "gpt2-tiny")
-ALLOCATORS = ("native", "expandable", "async", "genpool")
+ALLOCATORS = ("native", "expandable", "async", "genpool", "floor")
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -47,6 +47,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=20, help="paired steps before them, not counted (default 20)")
     p.add_argument("--timeout", type=float, default=600, help="seconds per model")
     p.add_argument("--genpool-conf", default=None)
+    p.add_argument("--genpool-timing", action="store_true",
+                   help="GENPOOL_TIMING=1 in the genpool process: its malloc/free host time after every step")
     p.add_argument("--out", type=Path, default=Path("ab_out"))
     args = p.parse_args(argv)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -63,6 +65,8 @@ def child_cmd(args: argparse.Namespace, model: str, allocator: str) -> List[str]
            "--steps", str(args.steps + args.warmup), "--sample-ms", "0", "--json", "--quiet"]
     if args.genpool_conf and allocator == "genpool":
         cmd += ["--genpool-conf", args.genpool_conf]
+    if args.genpool_timing and allocator == "genpool":
+        cmd.append("--genpool-timing")
     return cmd
 
 

@@ -14,7 +14,9 @@ Models (random init from configs directly on the GPU, no downloads; bf16 autocas
 
 Allocators: native (PyTorch's caching allocator), expandable (expandable_segments:True), async
 (backend:cudaMallocAsync), genpool (this project, through CUDAPluggableAllocator; the library is found via
-GENPOOL_LIB or the repository's target/release).
+GENPOOL_LIB or the repository's target/release), floor (examples/floor_alloc.cpp through the same hook: an
+exact-size cache that never frees, one stream only — a measuring instrument for the hook's own cost, not an
+allocator to train with).
 
 Step time: no host synchronisation inside the loop (the losses are read after it, as a training loop that
 logs asynchronously does). A CUDA event is recorded on the compute stream at the end of every step;
@@ -46,7 +48,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = ("gpt2", "gpt2m-varlen", "llama-ckpt", "resnet50", "gpt2-tiny")
-ALLOCATORS = ("native", "expandable", "async", "genpool")
+ALLOCATORS = ("native", "expandable", "async", "genpool", "floor")
 
 
 def parse_args(argv=None):
@@ -91,6 +93,26 @@ def configure_allocator_env(args) -> None:
         os.environ["GENPOOL_CONF"] = args.genpool_conf
     if args.genpool_timing:
         os.environ["GENPOOL_TIMING"] = "1"
+
+
+def install_floor(torch):
+    """Compile (once, cached next to genpool's wrapper) and install examples/floor_alloc.cpp."""
+    import hashlib
+
+    src = (REPO / "examples" / "floor_alloc.cpp").read_text()
+    out_dir = Path(os.environ.get("GENPOOL_SHIM_DIR", Path.home() / ".cache" / "genpool_torch"))
+    so = out_dir / f"floor_alloc_{hashlib.sha1(src.encode()).hexdigest()[:12]}.so"
+    if not so.is_file():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp = so.with_suffix(f".{os.getpid()}.tmp")
+        cmd = [os.environ.get("GENPOOL_CXX", "c++"), "-O2", "-shared", "-fPIC", "-std=c++17", "-x", "c++",
+               "-", "-o", str(tmp), "-ldl"]
+        res = subprocess.run(cmd, input=src, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise RuntimeError(f"compiling floor_alloc.cpp failed: {res.stderr[-2000:]}")
+        os.replace(tmp, so)
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(str(so), "floor_malloc", "floor_free")
+    torch.cuda.memory.change_current_allocator(alloc)
 
 
 def _delta(after, before):
@@ -256,6 +278,9 @@ def train(args) -> dict:
         gp.install()  # before any CUDA use
     import torch
 
+    if args.allocator == "floor":
+        install_floor(torch)  # before any CUDA use
+
     if args.deterministic:
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark = False
@@ -376,21 +401,28 @@ def lockstep(args, torch, gp, opt, step_fn, sampler) -> dict:
     see the same machine (clocks, neighbours), which separate runs do not."""
     torch.cuda.synchronize()
     print("ready", flush=True)
-    losses, times = [], []
+    losses, times, host, calls = [], [], [], []
+    timing = gp is not None and args.genpool_timing
     for i in range(args.steps):
         line = sys.stdin.readline()
         if not line or line.strip() != "go":
             break
         t0 = time.perf_counter()
         loss = one_step(gp, opt, step_fn, i)
+        t1 = time.perf_counter()
         torch.cuda.synchronize()
         ms = (time.perf_counter() - t0) * 1e3
         times.append(ms)
+        host.append((t1 - t0) * 1e3)
+        if timing:
+            ht = gp.raw_stats(0).get("host_timing") or {}
+            calls.append([(ht.get(k) or {}).get(f, 0) for k in ("malloc", "free") for f in ("calls", "ns")])
         losses.append(loss.detach())
         print(f"step {i} {ms:.4f}", flush=True)
     peak = sampler.stop() if sampler is not None else None
     result = {"model": args.model, "allocator": args.allocator, "lockstep": True, "steps": len(times),
-              "step_ms": [round(t, 4) for t in times], "losses": [x.item() for x in losses],
+              "step_ms": [round(t, 4) for t in times], "host_ms": [round(t, 4) for t in host],
+              "losses": [x.item() for x in losses],
               "peak_bytes": peak, "peak_method": sampler.method if sampler is not None else "none"}
     if gp is not None:
         s = gp.raw_stats(0)
@@ -398,6 +430,9 @@ def lockstep(args, torch, gp, opt, step_fn, sampler) -> dict:
         result["genpool_pages"] = s.get("pages")
         if s.get("host_timing"):
             result["genpool_host_timing"] = s["host_timing"]
+        if calls:
+            # Cumulative after each step: malloc calls, malloc ns, free calls, free ns.
+            result["genpool_calls_per_step"] = calls
     return result
 
 

@@ -582,6 +582,11 @@ class AbStepsTest(unittest.TestCase):
         self.assertTrue(t.lockstep)
         self.assertEqual((t.steps, t.sample_ms, t.genpool_conf), (27, 0.0, "k:1"))
         self.assertNotIn("--genpool-conf", ab.child_cmd(a, "gpt2", "native"))
+        self.assertNotIn("--genpool-timing", cmd)
+        timed = ab.parse_args(["--a", "floor", "--genpool-timing"])
+        self.assertIn("--genpool-timing", ab.child_cmd(timed, "resnet50", "genpool"))
+        self.assertNotIn("--genpool-timing", ab.child_cmd(timed, "resnet50", "floor"))
+        self.assertEqual(train.parse_args(ab.child_cmd(timed, "resnet50", "floor")[2:]).allocator, "floor")
         for argv in (["--models", "gpt3"], ["--steps", "0"], ["--a", "genpool", "--b", "genpool"]):
             with self.subTest(argv=argv):
                 parse_exits(self, ab.parse_args, argv)

@@ -38,6 +38,7 @@ fn tier_index(pool: &Pool, ptr: u64) -> usize {
 }
 
 impl Cold {
+    #[inline(never)]
     fn thrash(&mut self) {
         self.round = self.round.wrapping_add(1);
         let r = self.round;
