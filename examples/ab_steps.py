@@ -14,7 +14,17 @@ process waits on its stdin), is timed from its start to a synchronize after it (
 apart. The result per model: the median over the timed steps of the per-step ratio B/A, with a 95 %
 bootstrap interval, and the ratio of the total times.
 
-Writes OUT/ab.jsonl (one JSON line per model: both step-time lists, the ratios) and OUT/ab.md (the
+Both orders (the default, --orders both): the pair is run twice, once with B as the second process
+started and once with B as the first. On the H200 machine the position alone moved ResNet-50's ratio by
+~6 % (2026-12-03: native vs genpool 1.0125 with genpool second, 1.065 with genpool first; native vs the
+floor allocator 0.895 and 1.069) — the same allocator is faster as the second process. With both orders
+a position effect cancels: the ratio reported is the geometric mean of the two orders' median per-step
+ratios B/A (interval: bootstrap of each order's steps), and each order's own median is reported beside it
+("position_factor" = sqrt(ratio with B second / ratio with B first): below 1 when the second position is
+favoured).
+
+Writes OUT/ab.jsonl (one JSON line per model: the ratios, and each order's step-time lists under "ab" and
+"ba") and OUT/ab.md (the
 table); each process's stderr in OUT/logs/. Peak memory is not measured here (use bench_train.py: its
 sampler thread would run during the other process's steps).
 """
@@ -49,6 +59,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--genpool-conf", default=None)
     p.add_argument("--genpool-timing", action="store_true",
                    help="GENPOOL_TIMING=1 in the genpool process: its malloc/free host time after every step")
+    p.add_argument("--orders", choices=("both", "ab"), default="both",
+                   help="both: run the pair with each allocator as the first process and pool the ratios "
+                        "(cancels a position effect; default); ab: A first only")
     p.add_argument("--out", type=Path, default=Path("ab_out"))
     args = p.parse_args(argv)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -139,11 +152,16 @@ def bootstrap_ci(ratios: Sequence[float], rounds: int = 2000, seed: int = 0) -> 
     return meds[int(0.025 * rounds)], meds[int(0.975 * rounds) - 1]
 
 
-def summarise(a_ms: Sequence[float], b_ms: Sequence[float], warmup: int) -> Dict[str, float]:
-    """Figures over the timed steps (after ``warmup``) of two paired step-time lists."""
+def _timed(a_ms: Sequence[float], b_ms: Sequence[float], warmup: int) -> tuple:
     a, b = list(a_ms[warmup:]), list(b_ms[warmup:])
     n = min(len(a), len(b))
-    a, b = a[:n], b[:n]
+    return a[:n], b[:n]
+
+
+def summarise(a_ms: Sequence[float], b_ms: Sequence[float], warmup: int) -> Dict[str, float]:
+    """Figures over the timed steps (after ``warmup``) of two paired step-time lists."""
+    a, b = _timed(a_ms, b_ms, warmup)
+    n = len(a)
     if n == 0:
         return {"steps": 0}
     ratios = [y / x for x, y in zip(a, b)]
@@ -151,6 +169,32 @@ def summarise(a_ms: Sequence[float], b_ms: Sequence[float], warmup: int) -> Dict
     return {"steps": n, "median_ratio": statistics.median(ratios), "ci95": [lo, hi],
             "total_ratio": sum(b) / sum(a), "median_a_ms": statistics.median(a),
             "median_b_ms": statistics.median(b)}
+
+
+def combine_orders(ab: dict, ba: dict, warmup: int, rounds: int = 2000, seed: int = 0) -> Dict[str, float]:
+    """B/A from a run with A started first (``ab``: its a side is A) and one with B started first (``ba``:
+    its a side is B). A position effect multiplies one order's ratios by some p and the other's by 1/p,
+    so the estimate is the geometric mean of the two orders' median per-step ratios; its 95 % interval
+    comes from bootstrapping each order's steps."""
+    a1, b1 = _timed(ab["a_ms"], ab["b_ms"], warmup)
+    b2, a2 = _timed(ba["a_ms"], ba["b_ms"], warmup)
+    if not a1 or not a2:
+        return {"steps": 0}
+    r1 = [y / x for x, y in zip(a1, b1)]  # B started second
+    r2 = [y / x for x, y in zip(a2, b2)]  # B started first
+    second, first = statistics.median(r1), statistics.median(r2)
+    rng = random.Random(seed)
+
+    def resampled(r):
+        return statistics.median([r[rng.randrange(len(r))] for _ in r])
+
+    est = sorted((resampled(r1) * resampled(r2)) ** 0.5 for _ in range(rounds))
+    a, b = a1 + a2, b1 + b2
+    return {"steps": len(a), "median_ratio": (second * first) ** 0.5,
+            "ci95": [est[int(0.025 * rounds)], est[int(0.975 * rounds) - 1]],
+            "total_ratio": sum(b) / sum(a), "median_a_ms": statistics.median(a),
+            "median_b_ms": statistics.median(b), "ratio_b_second": second, "ratio_b_first": first,
+            "position_factor": (second / first) ** 0.5}
 
 
 def run_pair(cmd_a: List[str], cmd_b: List[str], steps: int, warmup: int, logs: Path, name: str,
@@ -190,15 +234,30 @@ def run_pair(cmd_a: List[str], cmd_b: List[str], steps: int, warmup: int, logs: 
 
 def table(records: List[dict]) -> str:
     lines = ["| model | A | B | timed steps | median step A / B (ms) | median of per-step B/A | 95 % interval "
-             "| total time B/A |", "|---|---|---|---|---|---|---|---|"]
+             "| total time B/A | B second / B first |", "|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['a']} | {r['b']} | error: {r['error'][:120]} |||||")
+            lines.append(f"| {r['model']} | {r['a']} | {r['b']} | error: {r['error'][:120]} ||||||")
             continue
+        orders = (f"{r['ratio_b_second']:.4f} / {r['ratio_b_first']:.4f}" if "ratio_b_first" in r
+                  else "B second only")
         lines.append(f"| {r['model']} | {r['a']} | {r['b']} | {r['steps']} | {r['median_a_ms']:.2f} / "
                      f"{r['median_b_ms']:.2f} | {r['median_ratio']:.4f} | {r['ci95'][0]:.4f}–{r['ci95'][1]:.4f} "
-                     f"| {r['total_ratio']:.4f} |")
+                     f"| {r['total_ratio']:.4f} | {orders} |")
     return "\n".join(lines) + "\n"
+
+
+def measure(args: argparse.Namespace, model: str) -> dict:
+    """One model: the pair in one order, or both orders pooled (``--orders both``)."""
+    cmd_a, cmd_b = child_cmd(args, model, args.a), child_cmd(args, model, args.b)
+    logs = args.out / "logs"
+    ab = run_pair(cmd_a, cmd_b, args.steps, args.warmup, logs, f"{model}-ab", args.timeout)
+    if args.orders == "ab" or "error" in ab:
+        return ab
+    ba = run_pair(cmd_b, cmd_a, args.steps, args.warmup, logs, f"{model}-ba", args.timeout)
+    if "error" in ba:
+        return {"error": f"B first: {ba['error']}", "ab": ab, "ba": ba}
+    return {**combine_orders(ab, ba, args.warmup), "ab": ab, "ba": ba}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -208,8 +267,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     path = args.out / "ab.jsonl"
     path.write_text("")
     for model in args.models:
-        rec = run_pair(child_cmd(args, model, args.a), child_cmd(args, model, args.b), args.steps, args.warmup,
-                       args.out / "logs", model, args.timeout)
+        rec = measure(args, model)
         rec.update({"model": model, "a": args.a, "b": args.b, "warmup": args.warmup})
         records.append(rec)
         with open(path, "a") as f:

@@ -19,19 +19,40 @@
 
 namespace {
 using MemAlloc = int (*)(unsigned long long *, size_t);
+using CtxGet = int (*)(void **);
+using CtxSet = int (*)(void *);
+using PrimaryRetain = int (*)(void **, int);
 
 std::mutex mu;
 std::unordered_map<size_t, std::vector<void *>> bins;
 MemAlloc mem_alloc = nullptr;
+CtxGet ctx_get = nullptr;
+CtxSet ctx_set = nullptr;
+PrimaryRetain primary_retain = nullptr;
 
-MemAlloc driver_alloc() {
+// cuMemAlloc on device `device`'s primary context (autograd's worker threads may have none current).
+int driver_alloc(unsigned long long *p, size_t size, int device) {
   if (mem_alloc == nullptr) {
     void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     if (h == nullptr) h = dlopen("libcuda.so.1", RTLD_NOW);
-    if (h != nullptr) mem_alloc = reinterpret_cast<MemAlloc>(dlsym(h, "cuMemAlloc_v2"));
-    if (mem_alloc == nullptr) std::fprintf(stderr, "floor_alloc: cuMemAlloc_v2 not found\n");
+    if (h == nullptr) return -1;
+    mem_alloc = reinterpret_cast<MemAlloc>(dlsym(h, "cuMemAlloc_v2"));
+    ctx_get = reinterpret_cast<CtxGet>(dlsym(h, "cuCtxGetCurrent"));
+    ctx_set = reinterpret_cast<CtxSet>(dlsym(h, "cuCtxSetCurrent"));
+    primary_retain = reinterpret_cast<PrimaryRetain>(dlsym(h, "cuDevicePrimaryCtxRetain_v2"));
+    if (primary_retain == nullptr)
+      primary_retain = reinterpret_cast<PrimaryRetain>(dlsym(h, "cuDevicePrimaryCtxRetain"));
+    if (!mem_alloc || !ctx_get || !ctx_set || !primary_retain) {
+      std::fprintf(stderr, "floor_alloc: driver entry points not found\n");
+      mem_alloc = nullptr;
+      return -1;
+    }
   }
-  return mem_alloc;
+  void *ctx = nullptr;
+  if (ctx_get(&ctx) != 0 || ctx == nullptr) {
+    if (primary_retain(&ctx, device) != 0 || ctx_set(ctx) != 0) return -1;
+  }
+  return mem_alloc(p, size);
 }
 
 size_t round_up(size_t size) { return (size + 511) & ~static_cast<size_t>(511); }
@@ -39,7 +60,6 @@ size_t round_up(size_t size) { return (size + 511) & ~static_cast<size_t>(511); 
 
 extern "C" {
 void *floor_malloc(size_t size, int device, void *stream) {
-  (void)device;
   (void)stream;
   if (size == 0) return nullptr;
   size = round_up(size);
@@ -50,9 +70,11 @@ void *floor_malloc(size_t size, int device, void *stream) {
     bin.pop_back();
     return p;
   }
-  MemAlloc alloc = driver_alloc();
   unsigned long long p = 0;
-  if (alloc == nullptr || alloc(&p, size) != 0) return nullptr;
+  if (driver_alloc(&p, size, device) != 0) {
+    std::fprintf(stderr, "floor_alloc: cuMemAlloc of %zu bytes failed\n", size);
+    return nullptr;
+  }
   return reinterpret_cast<void *>(p);
 }
 

@@ -360,6 +360,7 @@ def train(args) -> dict:
         result["genpool_invalid_frees"] = s["num_invalid_frees"]
         # Page work over the whole run (creates, maps, unmaps, moves, aliases, synchronizes, fences).
         result["genpool_pages"] = s.get("pages")
+        result["genpool_plan"] = s.get("plan")
         if s.get("host_timing"):
             result["genpool_host_timing"] = s["host_timing"]
         if per_step:
@@ -428,6 +429,7 @@ def lockstep(args, torch, gp, opt, step_fn, sampler) -> dict:
         s = gp.raw_stats(0)
         result["allocator_reserved_peak"] = s["reserved_peak"]
         result["genpool_pages"] = s.get("pages")
+        result["genpool_plan"] = s.get("plan")
         if s.get("host_timing"):
             result["genpool_host_timing"] = s["host_timing"]
         if calls:

@@ -571,8 +571,49 @@ class AbStepsTest(unittest.TestCase):
         recs = [dict(s, model="resnet50", a="native", b="genpool"),
                 {"model": "gpt2", "a": "native", "b": "genpool", "error": "boom"}]
         t = ab.table(recs)
-        self.assertIn("| resnet50 | native | genpool | 3 | 20.00 / 22.00 | 1.1000 | 1.0000–1.1000 | 1.0429 |", t)
+        self.assertIn("| resnet50 | native | genpool | 3 | 20.00 / 22.00 | 1.1000 | 1.0000–1.1000 | 1.0429 "
+                      "| B second only |", t)
         self.assertIn("| gpt2 | native | genpool | error: boom |", t)
+
+    def test_both_orders_cancel_a_position_effect(self):
+        # B is 1.02 x A; whichever process started second runs 0.94 x as long, step by step, with drift.
+        n, pos = 40, 0.94
+        base = [10.0 + 0.1 * i for i in range(n)]
+        ab_run = {"a_ms": base, "b_ms": [1.02 * pos * t for t in base]}  # A first, B second
+        ba_run = {"a_ms": [1.02 * t for t in base], "b_ms": [pos * t for t in base]}  # B first, A second
+        r = ab.combine_orders(ab_run, ba_run, warmup=5)
+        self.assertEqual(r["steps"], 2 * (n - 5))
+        self.assertAlmostEqual(r["median_ratio"], 1.02, places=6)
+        self.assertAlmostEqual(r["ratio_b_second"], 1.02 * pos, places=6)
+        self.assertAlmostEqual(r["ratio_b_first"], 1.02 / pos, places=6)
+        self.assertAlmostEqual(r["position_factor"], pos, places=6)
+        lo, hi = r["ci95"]
+        self.assertTrue(lo <= 1.02 <= hi)
+        self.assertIn("| 0.9588 / 1.0851 |", ab.table([dict(r, model="resnet50", a="native", b="genpool")]))
+        self.assertEqual(ab.combine_orders(ab_run, {"a_ms": [], "b_ms": []}, warmup=0), {"steps": 0})
+
+    def test_measure_runs_both_orders(self):
+        child = self.child
+
+        class Args:
+            a, b, steps, warmup, timeout, orders = "native", "genpool", 6, 1, 60, "both"
+            out = self.dir
+
+        scales = {"native": 1.0, "genpool": 1.05}
+        orig = ab.child_cmd
+        ab.child_cmd = lambda args, model, allocator: [sys.executable, str(child), str(scales[allocator]), "-1"]
+        try:
+            r = ab.measure(Args, "m")
+            Args.orders = "ab"
+            one = ab.measure(Args, "m")
+        finally:
+            ab.child_cmd = orig
+        self.assertNotIn("error", r)
+        self.assertAlmostEqual(r["median_ratio"], 1.05, places=4)
+        self.assertEqual((len(r["ab"]["a_ms"]), len(r["ba"]["a_ms"])), (7, 7))
+        self.assertTrue((self.dir / "logs" / "m-ba-a.log").is_file())
+        self.assertNotIn("ba", one)
+        self.assertAlmostEqual(one["median_ratio"], 1.05, places=4)
 
     def test_args_and_child_command(self):
         a = ab.parse_args(["--models", "gpt2,resnet50", "--steps", "7", "--genpool-conf", "k:1"])

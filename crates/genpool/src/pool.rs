@@ -1300,6 +1300,8 @@ impl Pool {
                     deactivations: s.deactivations,
                     committed: g.pages() * self.pages.page_size(),
                     recording: s.recording,
+                    aborted_recordings: s.aborted_recordings,
+                    awake: self.plan_quiet.load(Relaxed) < PLAN_QUIET_WINDOWS,
                 }
             }),
         }

@@ -89,4 +89,9 @@ pub struct PlanSummary {
     pub committed: u64,
     /// Whether a period is being recorded or packed now (a plan may follow).
     pub recording: bool,
+    /// Recordings (and ready plans) given up because the sequence stopped repeating.
+    pub aborted_recordings: u64,
+    /// Whether the planner looks at large allocations now (it sleeps, costing nothing, after a few
+    /// quiet windows: see `Pool::planner_awake`).
+    pub awake: bool,
 }
