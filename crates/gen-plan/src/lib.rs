@@ -611,6 +611,28 @@ impl Planner {
         }
     }
 
+    /// The owner stops showing allocations to the planner for a while (it sleeps while nothing needs a
+    /// plan). What depends on seeing every allocation is dropped: a period being recorded or packed (its
+    /// lifetimes would have a hole) and a ready plan not yet served (it could not follow the sequence
+    /// across the gap); so are the candidate periods. An active or draining plan is kept (the owner does
+    /// not pause while one serves). Detection starts afresh on the next [`on_alloc`](Self::on_alloc).
+    pub fn pause(&mut self) {
+        let recorded = self.record.take().is_some();
+        let packing = self.packing.take().is_some();
+        if recorded || packing {
+            self.stats.aborted_recordings += 1;
+        }
+        if self
+            .plan
+            .as_ref()
+            .is_some_and(|p| p.status == Status::Ready)
+        {
+            self.plan = None;
+        }
+        self.gaps.clear();
+        self.floor = self.cfg.min_period;
+    }
+
     /// True (once) when a plan was dropped during [`on_alloc`](Self::on_alloc) with no planned block
     /// live: the owner releases the plan's range.
     pub fn take_release(&mut self) -> bool {

@@ -385,3 +385,45 @@ fn a_plan_packed_late_picks_the_sequence_up_where_it_is() {
     assert_eq!(o.planned_allocs - before, s.period, "{s:?}");
     assert_eq!(s.aborted_recordings, 0, "{s:?}");
 }
+
+#[test]
+fn pausing_drops_what_needs_every_allocation_and_detection_starts_again() {
+    let mut o = Owner::new(PlanConfig {
+        confirm: 256,
+        max_period: 1024,
+        ..PlanConfig::default()
+    });
+    o.serve = false; // an owner whose tiers move no page: plans stay ready, never served
+    let mut id = 0;
+    let mut iters = 0;
+    while !o.planner.stats().recording {
+        o.run(&iteration(id, 12, 1));
+        id += 1000;
+        iters += 1;
+        assert!(iters < 40, "no period recorded: {:?}", o.planner.stats());
+    }
+    let aborted = o.planner.stats().aborted_recordings;
+    // Paused mid-recording (blocks of the recording still live): the recording is dropped.
+    o.planner.pause();
+    let s = o.planner.stats();
+    assert!(!s.recording && s.period == 0, "{s:?}");
+    assert_eq!(s.aborted_recordings, aborted + 1);
+    // The frees of blocks it had recorded are harmless; the loop resumes after a gap and is detected,
+    // recorded and packed again into a ready plan.
+    while o.planner.stats().period == 0 {
+        o.run(&iteration(id, 12, 1));
+        id += 1000;
+        iters += 1;
+        assert!(iters < 80, "never planned again: {:?}", o.planner.stats());
+    }
+    assert!(!o.planner.stats().active);
+    // A ready plan cannot follow the sequence across a pause: dropped too.
+    o.planner.pause();
+    let s = o.planner.stats();
+    assert_eq!(
+        (s.period, s.recording, s.active),
+        (0, false, false),
+        "{s:?}"
+    );
+    assert!(o.live.is_empty());
+}

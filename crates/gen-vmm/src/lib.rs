@@ -552,6 +552,33 @@ impl PagePool {
 
     fn commit(&self, rid: u32, first: u64, last: u64, grow: bool) -> Result<(), VmmError> {
         let mut g = self.inner.lock();
+        // The common case of a training loop's steady state: every page is backed already (in use, or
+        // free and still mapped right here), so the commit only takes references — one walk, no driver
+        // call, nothing to plan.
+        {
+            let Inner {
+                regions,
+                free_mapped,
+                stats,
+                ..
+            } = &mut *g;
+            let r = regions[rid as usize].as_mut().expect("registered region");
+            let pages = &mut r.pages[first as usize..=last as usize];
+            if pages.iter().all(|p| p.handle.is_some()) {
+                for (i, p) in pages.iter_mut().enumerate() {
+                    if p.refs > 0 {
+                        p.refs += 1;
+                    } else {
+                        p.refs = 1;
+                        free_mapped.remove(&(first as u32 + i as u32, rid));
+                        stats.revivals += 1;
+                        stats.pages_in_use += 1;
+                    }
+                }
+                stats.pages_in_use_peak = stats.pages_in_use_peak.max(stats.pages_in_use);
+                return Ok(());
+            }
+        }
         // Plan: pages that need a physical page mapped under them.
         let need = {
             let r = g.regions[rid as usize].as_ref().expect("registered region");

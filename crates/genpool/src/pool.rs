@@ -104,8 +104,6 @@ pub struct Pool {
     tiers: [TierCounters; 4],
     live: AtomicU64,
     live_peak: AtomicU64,
-    allocs: AtomicU64,
-    frees: AtomicU64,
     ooms: AtomicU64,
     retries: AtomicU64,
     invalid_frees: AtomicU64,
@@ -119,6 +117,8 @@ pub struct Pool {
     /// Windows in a row with no page moved and no plan in use.
     plan_quiet: AtomicU64,
     max_size: u64,
+    /// The device's ordinal (a classifier feature; read once, not through the device's vtable per call).
+    ordinal: u32,
     /// Whether freed extent and buddy blocks go through the exact-size stream caches by configuration.
     caching: bool,
     /// The one stream seen so far (`NO_STREAM` before the first).
@@ -410,6 +410,7 @@ impl Pool {
             extent_cache: StreamCache::new(device.clone(), cache_cfg.clone()),
             buddy_cache: StreamCache::new(device.clone(), cache_cfg),
             max_size: props.total_mem,
+            ordinal: props.ordinal as u32,
             caching: cfg.cache_max_bytes > 0,
             solo_stream: AtomicU64::new(NO_STREAM),
             multi_stream: AtomicBool::new(false),
@@ -426,8 +427,6 @@ impl Pool {
             tiers: Default::default(),
             live: AtomicU64::new(0),
             live_peak: AtomicU64::new(0),
-            allocs: AtomicU64::new(0),
-            frees: AtomicU64::new(0),
             ooms: AtomicU64::new(0),
             retries: AtomicU64::new(0),
             invalid_frees: AtomicU64::new(0),
@@ -551,7 +550,7 @@ impl Pool {
         let features = Features {
             size,
             stream,
-            device: self.device.props().ordinal as u32,
+            device: self.ordinal,
             site: if self.cfg.use_site { hint.site } else { None },
             hint: hint.lifetime,
         };
@@ -600,10 +599,15 @@ impl Pool {
         let t = &self.tiers[tier as usize];
         t.allocs.fetch_add(1, Relaxed);
         let tl = t.live.fetch_add(size, Relaxed) + size;
-        t.live_peak.fetch_max(tl, Relaxed);
-        self.allocs.fetch_add(1, Relaxed);
+        // Peaks rarely move in a loop's steady state: a plain load keeps the line shared and skips a
+        // locked instruction.
+        if tl > t.live_peak.load(Relaxed) {
+            t.live_peak.fetch_max(tl, Relaxed);
+        }
         let live = self.live.fetch_add(size, Relaxed) + size;
-        self.live_peak.fetch_max(live, Relaxed);
+        if live > self.live_peak.load(Relaxed) {
+            self.live_peak.fetch_max(live, Relaxed);
+        }
         Ok(Block { ptr, size, tier })
     }
 
@@ -716,30 +720,30 @@ impl Pool {
     }
 
     /// Whether the planner should see this large allocation. After [`PLAN_QUIET_WINDOWS`] windows of
-    /// [`PLAN_WAKE_WINDOW`] large allocations in which the tiers moved no page, no plan was in use and
-    /// none was being recorded or packed it sleeps, costing nothing (a plan could only cost memory
-    /// there: ResNet-50's layout repeats in place); the first window that moves a page wakes it.
+    /// [`PLAN_WAKE_WINDOW`] large allocations in which the tiers moved no page and no plan was in use it
+    /// sleeps, costing one counter increment per large allocation (a plan could only cost memory there:
+    /// ResNet-50's layout repeats in place); the first window that moves a page wakes it. Falling asleep
+    /// drops a period being recorded or packed and a ready plan (`Planner::pause`): they need every
+    /// allocation, and one that never moved a page would not be served anyway. (Recording used to keep
+    /// the planner awake, and on a loop whose period it kept re-recording — ResNet-50 in the simulator —
+    /// that cost ~0.4 µs per large allocation for hundreds of iterations.)
     fn planner_awake(&self, pt: &PlanTier) -> bool {
         let n = self.plan_clock.fetch_add(1, Relaxed);
         if n % PLAN_WAKE_WINDOW == 0 {
             let steals = self.pages.stats().steals;
             let moving = steals > self.plan_steals.swap(steals, Relaxed);
-            // A period being recorded or packed keeps it awake too, and so does a ready plan when plans
-            // are served without waiting for moves (`plan_min_moves:0`): asleep, the plan would never
-            // see the allocation sequence again to follow it to its activation point. (With the default
-            // a ready plan is served only after periods that moved pages, and a period that moves pages
-            // wakes the planner anyway.)
-            let busy = {
-                let s = pt.inner.lock().planner.stats();
-                s.active
-                    || s.planned_live > 0
-                    || s.recording
-                    || (s.period > 0 && self.cfg.plan_min_moves == 0.0)
-            };
+            // With `plan_min_moves:0` plans are served without waiting for moves, so a period being
+            // recorded or packed, or a ready plan, keeps the planner awake to follow the sequence to the
+            // plan's activation point.
+            let mut g = pt.inner.lock();
+            let s = g.planner.stats();
+            let busy = s.active
+                || s.planned_live > 0
+                || (self.cfg.plan_min_moves == 0.0 && (s.recording || s.period > 0));
             if moving || busy {
                 self.plan_quiet.store(0, Relaxed);
-            } else {
-                self.plan_quiet.fetch_add(1, Relaxed);
+            } else if self.plan_quiet.fetch_add(1, Relaxed) + 1 == PLAN_QUIET_WINDOWS {
+                g.planner.pause();
             }
         }
         self.plan_quiet.load(Relaxed) < PLAN_QUIET_WINDOWS
@@ -1038,7 +1042,6 @@ impl Pool {
         }
         self.tiers[meta.tier as usize].frees.fetch_add(1, Relaxed);
         self.tiers[meta.tier as usize].live.fetch_sub(size, Relaxed);
-        self.frees.fetch_add(1, Relaxed);
         self.live.fetch_sub(size, Relaxed);
         Ok(size)
     }
@@ -1256,8 +1259,8 @@ impl Pool {
             allocated_peak: self.live_peak.load(Relaxed),
             reserved_current: self.reserved_now(),
             reserved_peak: self.reserved_peak(),
-            num_allocs: self.allocs.load(Relaxed),
-            num_frees: self.frees.load(Relaxed),
+            num_allocs: self.tiers.iter().map(|t| t.allocs.load(Relaxed)).sum(),
+            num_frees: self.tiers.iter().map(|t| t.frees.load(Relaxed)).sum(),
             num_ooms: self.ooms.load(Relaxed),
             num_alloc_retries: self.retries.load(Relaxed),
             num_invalid_frees: self.invalid_frees.load(Relaxed),

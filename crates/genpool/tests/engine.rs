@@ -670,3 +670,56 @@ fn iteration_marks_grow_page_headroom_until_moves_stop() {
     let (_, slack, ..) = run("plan:false,page_slack_max:0", true);
     assert_eq!(slack, 0.0);
 }
+
+/// A loop whose layout repeats in place (no page ever moves) needs no plan: the planner falls asleep
+/// within a few quiet windows of large allocations and stays asleep, holding nothing that would need
+/// every allocation (no recording, no plan). Dropping a recording at sleep time is `Planner::pause`'s
+/// (gen-plan's tests).
+#[test]
+fn the_planner_sleeps_through_a_loop_that_moves_no_page() {
+    let dev = sim(8 * GIB);
+    let pool = pool_on(&dev, Config::default());
+    let weights: Vec<_> = (0..4)
+        .map(|_| pool.alloc(4 * MIB, 0, Hint::NONE).unwrap())
+        .collect();
+    let iterations = if cfg!(miri) { 1 } else { 4 };
+    let mut asleep_after = None;
+    for it in 0..iterations {
+        let mut acts = Vec::new();
+        for i in 0..1500u64 {
+            acts.push(pool.alloc((1 + i % 7) * 64 * 1024, 0, Hint::NONE).unwrap());
+            let t = pool.alloc((1 + i % 5) * 32 * 1024, 0, Hint::NONE).unwrap();
+            pool.free(t.ptr, 0).unwrap();
+        }
+        while let Some(a) = acts.pop() {
+            pool.free(a.ptr, 0).unwrap();
+        }
+        pool.mark_iteration();
+        if asleep_after.is_none() && !pool.stats().plan.awake {
+            asleep_after = Some(it);
+        }
+    }
+    if !cfg!(miri) {
+        let s = pool.stats();
+        assert_eq!(
+            s.pages.steals, 0,
+            "the layout should repeat in place: {:?}",
+            s.pages
+        );
+        assert!(!s.plan.recording && !s.plan.active, "{:?}", s.plan);
+        assert!(
+            s.plan.period == 0 && s.plan.aborted_recordings >= 1,
+            "{:?}",
+            s.plan
+        );
+        assert!(
+            asleep_after.is_some_and(|it| it <= 1),
+            "asleep after {asleep_after:?}: {:?}",
+            s.plan
+        );
+    }
+    for w in weights {
+        pool.free(w.ptr, 0).unwrap();
+    }
+    assert_eq!(pool.allocated(), 0);
+}
