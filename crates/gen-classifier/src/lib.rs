@@ -122,6 +122,17 @@ pub struct Stamp {
 }
 
 impl Stamp {
+    /// A stamp of no allocation (no slot, predicted short, clocks at zero): a filler for containers
+    /// that need a value; never passed to [`Classifier::on_free`].
+    pub const NONE: Stamp = Stamp {
+        slot: NO_SLOT,
+        predicted: Lifetime::Short,
+        flags: 0,
+        size_class: 0,
+        alloc_clock: 0,
+        byte_clock: 0,
+    };
+
     /// The predicted (or hinted) lifetime.
     #[inline]
     pub fn predicted(&self) -> Lifetime {
