@@ -27,6 +27,9 @@ struct Cold {
     shared: std::rc::Rc<std::cell::Cell<[u64; 4]>>,
     /// Per tier (slab, extent, other): alloc ns, allocs, free ns, frees.
     by_tier: [[u64; 4]; 3],
+    /// Tier of each live block, kept by the harness: looking it up in the engine before a free would warm
+    /// the very metadata the timed free reads.
+    tiers: std::collections::HashMap<u64, usize>,
 }
 
 fn tier_index(pool: &Pool, ptr: u64) -> usize {
@@ -75,18 +78,22 @@ impl ReplayAllocator for Cold {
         let r = self.inner.alloc(size, stream, site);
         let ns = t.elapsed().as_nanos() as u64;
         let tier = match r {
-            Ok(p) if self.counting => Some(tier_index(self.inner.pool(), p)),
+            Ok(p) => {
+                let i = tier_index(self.inner.pool(), p);
+                self.tiers.insert(p, i);
+                Some(i)
+            }
             _ => None,
         };
         self.note(0, tier, ns);
         r
     }
     fn free(&mut self, ptr: u64, size: u64, stream: u64) -> Result<(), ReplayError> {
-        let i = tier_index(self.inner.pool(), ptr);
+        let i = self.tiers.remove(&ptr);
         self.thrash();
         let t = Instant::now();
         let r = self.inner.free(ptr, size, stream);
-        self.note(2, Some(i), t.elapsed().as_nanos() as u64);
+        self.note(2, i, t.elapsed().as_nanos() as u64);
         r
     }
     fn reserved(&self) -> u64 {
@@ -127,6 +134,7 @@ fn main() {
             counted: [0; 4],
             shared: Default::default(),
             by_tier: [[0; 4]; 3],
+            tiers: Default::default(),
         };
         let opts = gen_trace::ReplayOptions {
             passes,

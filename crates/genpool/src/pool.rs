@@ -116,6 +116,13 @@ pub struct Pool {
     plan_steals: AtomicU64,
     /// Windows in a row with no page moved and no plan in use.
     plan_quiet: AtomicU64,
+    /// Windows in a row the planner was awake with nothing to show: no period recorded, packed, ready
+    /// or served (see `Pool::planner_awake`).
+    plan_fruitless: AtomicU64,
+    /// Windows left to sleep after giving up, whatever moves; the next give-up's length; give-ups.
+    plan_snooze: AtomicU64,
+    plan_backoff: AtomicU64,
+    plan_snoozes: AtomicU64,
     max_size: u64,
     /// The device's ordinal (a classifier feature; read once, not through the device's vtable per call).
     ordinal: u32,
@@ -139,6 +146,16 @@ const PLAN_WAKE_WINDOW: u64 = 1024;
 
 /// Quiet windows (no page moved, no plan in use) after which the planner sleeps.
 const PLAN_QUIET_WINDOWS: u64 = 4;
+
+/// Awake windows in a row with no period found after which the planner gives up for a while even though
+/// pages move (random shapes: no period to plan). A period of up to `plan_max_period` (8 192) large
+/// allocations is confirmed after about that many plus 2 048 more, ten windows at most.
+const PLAN_GIVE_UP_WINDOWS: u64 = 24;
+
+/// Windows the planner sleeps after its first give-up; each give-up in a row doubles it, up to
+/// [`PLAN_SNOOZE_MAX`]. A period found resets it.
+const PLAN_SNOOZE_FIRST: u64 = 32;
+const PLAN_SNOOZE_MAX: u64 = 512;
 
 /// Iteration marks that only start the move-budget clock (see `Pool::mark_iteration`).
 const WARM_ITERATIONS: u64 = 3;
@@ -435,6 +452,10 @@ impl Pool {
             plan_clock: AtomicU64::new(0),
             plan_steals: AtomicU64::new(0),
             plan_quiet: AtomicU64::new(0),
+            plan_fruitless: AtomicU64::new(0),
+            plan_snooze: AtomicU64::new(0),
+            plan_backoff: AtomicU64::new(PLAN_SNOOZE_FIRST),
+            plan_snoozes: AtomicU64::new(0),
         })
     }
 
@@ -726,12 +747,25 @@ impl Pool {
     /// drops a period being recorded or packed and a ready plan (`Planner::pause`): they need every
     /// allocation, and one that never moved a page would not be served anyway. (Recording used to keep
     /// the planner awake, and on a loop whose period it kept re-recording — ResNet-50 in the simulator —
-    /// that cost ~0.4 µs per large allocation for hundreds of iterations.)
+    /// that cost ~0.4 µs per large allocation for hundreds of iterations.) And where pages move but no
+    /// period shows up in [`PLAN_GIVE_UP_WINDOWS`] awake windows (random shapes: GPT-2 medium's, ~0.25 µs
+    /// per large allocation for nothing) it gives up for [`PLAN_SNOOZE_FIRST`] windows, doubling with each
+    /// give-up in a row, then looks again.
     fn planner_awake(&self, pt: &PlanTier) -> bool {
         let n = self.plan_clock.fetch_add(1, Relaxed);
         if n % PLAN_WAKE_WINDOW == 0 {
             let steals = self.pages.stats().steals;
             let moving = steals > self.plan_steals.swap(steals, Relaxed);
+            let snooze = self.plan_snooze.load(Relaxed);
+            if snooze > 0 {
+                // Given up for a while: wake when it is over, to look for a period again.
+                self.plan_snooze.store(snooze - 1, Relaxed);
+                if snooze == 1 {
+                    self.plan_quiet.store(0, Relaxed);
+                }
+                return false;
+            }
+            let awake = self.plan_quiet.load(Relaxed) < PLAN_QUIET_WINDOWS;
             // With `plan_min_moves:0` plans are served without waiting for moves, so a period being
             // recorded or packed, or a ready plan, keeps the planner awake to follow the sequence to the
             // plan's activation point.
@@ -740,6 +774,23 @@ impl Pool {
             let busy = s.active
                 || s.planned_live > 0
                 || (self.cfg.plan_min_moves == 0.0 && (s.recording || s.period > 0));
+            // Awake while pages move but no period shows up (random shapes): after a while the planner
+            // costs more than it can win; it gives up for a growing number of windows.
+            if s.recording || s.period > 0 || s.active || s.planned_live > 0 {
+                self.plan_fruitless.store(0, Relaxed);
+                self.plan_backoff.store(PLAN_SNOOZE_FIRST, Relaxed);
+            } else if awake && self.plan_fruitless.fetch_add(1, Relaxed) + 1 >= PLAN_GIVE_UP_WINDOWS
+            {
+                self.plan_fruitless.store(0, Relaxed);
+                let backoff = self.plan_backoff.load(Relaxed);
+                self.plan_backoff
+                    .store((backoff * 2).min(PLAN_SNOOZE_MAX), Relaxed);
+                self.plan_snooze.store(backoff, Relaxed);
+                self.plan_snoozes.fetch_add(1, Relaxed);
+                self.plan_quiet.store(PLAN_QUIET_WINDOWS, Relaxed);
+                g.planner.pause();
+                return false;
+            }
             if moving || busy {
                 self.plan_quiet.store(0, Relaxed);
             } else if self.plan_quiet.fetch_add(1, Relaxed) + 1 == PLAN_QUIET_WINDOWS {
@@ -1305,6 +1356,7 @@ impl Pool {
                     recording: s.recording,
                     aborted_recordings: s.aborted_recordings,
                     awake: self.plan_quiet.load(Relaxed) < PLAN_QUIET_WINDOWS,
+                    snoozes: self.plan_snoozes.load(Relaxed),
                 }
             }),
         }

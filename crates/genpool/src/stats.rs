@@ -94,4 +94,7 @@ pub struct PlanSummary {
     /// Whether the planner looks at large allocations now (it sleeps, costing nothing, after a few
     /// quiet windows: see `Pool::planner_awake`).
     pub awake: bool,
+    /// Times the planner gave up for a while because no period showed up in many windows of large
+    /// allocations that moved pages (random shapes).
+    pub snoozes: u64,
 }

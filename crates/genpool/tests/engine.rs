@@ -723,3 +723,26 @@ fn the_planner_sleeps_through_a_loop_that_moves_no_page() {
     }
     assert_eq!(pool.allocated(), 0);
 }
+
+/// Where shapes are random (GPT-2 medium, random lengths) pages move but no period ever shows up: the
+/// planner gives up for a while instead of looking at every large allocation for nothing, and memory is
+/// what it is without a planner. On GPT-2's fixed-shape loop it finds the period, serves the plan and never
+/// gives up.
+#[test]
+fn the_planner_gives_up_on_random_shapes_and_not_on_a_loop() {
+    let Some(dir) = trace_dir() else {
+        eprintln!("SKIP the_planner_gives_up_on_random_shapes...: ../shared/traces not found");
+        return;
+    };
+    let conf = "plan_background:false";
+    let varlen = &gen_trace::load_path(&dir.join("gpt2m_train_varlen.csv.gz")).unwrap()[0];
+    let s = replay_prefix(varlen, varlen.events.len(), conf);
+    assert!(s.pages.steals > 0, "{:?}", s.pages);
+    assert!(s.plan.snoozes >= 1 && s.plan.period == 0, "{:?}", s.plan);
+    let without = replay_prefix(varlen, varlen.events.len(), "plan:false");
+    assert_eq!(s.reserved_peak, without.reserved_peak);
+    let gpt2 = &gen_trace::load_path(&dir.join("gpt2_train_fixed.csv.gz")).unwrap()[0];
+    let s = replay_prefix(gpt2, gpt2.events.len(), conf);
+    assert!(s.plan.active && s.plan.hits > 0, "{:?}", s.plan);
+    assert_eq!(s.plan.snoozes, 0, "{:?}", s.plan);
+}
