@@ -78,8 +78,6 @@ pub struct Block {
 
 #[derive(Default)]
 struct TierCounters {
-    allocs: AtomicU64,
-    frees: AtomicU64,
     live: AtomicU64,
     live_peak: AtomicU64,
 }
@@ -583,7 +581,10 @@ impl Pool {
         // does not change as the classifier learns); a planned slot overrides the route: the plan knows
         // the block's lifetime from the last period.
         if size > self.slab.max_size() && !self.multi_stream.load(Ordering::Acquire) {
-            let run = self.large_since_free.fetch_add(1, Relaxed);
+            // A heuristic count: a plain load and store (no locked instruction); a race between two
+            // threads' large allocations loses one count, which no decision depends on exactly.
+            let run = self.large_since_free.load(Relaxed);
+            self.large_since_free.store(run + 1, Relaxed);
             if let Some(pt) = self.plan.as_ref().filter(|pt| self.planner_awake(pt)) {
                 match self.plan_alloc(pt, size, run) {
                     Decision::Planned { offset, ticket: t } => {
@@ -618,7 +619,6 @@ impl Pool {
             },
         );
         let t = &self.tiers[tier as usize];
-        t.allocs.fetch_add(1, Relaxed);
         let tl = t.live.fetch_add(size, Relaxed) + size;
         // Peaks rarely move in a loop's steady state: a plain load keeps the line shared and skips a
         // locked instruction.
@@ -752,7 +752,10 @@ impl Pool {
     /// per large allocation for nothing) it gives up for [`PLAN_SNOOZE_FIRST`] windows, doubling with each
     /// give-up in a row, then looks again.
     fn planner_awake(&self, pt: &PlanTier) -> bool {
-        let n = self.plan_clock.fetch_add(1, Relaxed);
+        // A window clock: a plain load and store (no locked instruction on every large allocation); a
+        // race can repeat or skip one count, moving a window check by one allocation.
+        let n = self.plan_clock.load(Relaxed);
+        self.plan_clock.store(n.wrapping_add(1), Relaxed);
         if n % PLAN_WAKE_WINDOW == 0 {
             let steals = self.pages.stats().steals;
             let moving = steals > self.plan_steals.swap(steals, Relaxed);
@@ -1088,10 +1091,9 @@ impl Pool {
         if let Err(e) = res {
             // The tier refused a block our table said was live: an internal inconsistency. Keep the
             // block recorded (nothing is lost) and report it.
-            self.meta.insert(ptr, meta);
+            self.meta.restore(ptr, meta);
             return Err(e);
         }
-        self.tiers[meta.tier as usize].frees.fetch_add(1, Relaxed);
         self.tiers[meta.tier as usize].live.fetch_sub(size, Relaxed);
         self.live.fetch_sub(size, Relaxed);
         Ok(size)
@@ -1305,13 +1307,15 @@ impl Pool {
     pub fn stats(&self) -> PoolStats {
         let pages = self.pages.stats();
         let confusion = self.classifier.confusion();
+        // (allocations, frees) per tier, counted by the live-block table under its shard locks.
+        let counts = self.meta.counts();
         PoolStats {
             allocated_current: self.allocated(),
             allocated_peak: self.live_peak.load(Relaxed),
             reserved_current: self.reserved_now(),
             reserved_peak: self.reserved_peak(),
-            num_allocs: self.tiers.iter().map(|t| t.allocs.load(Relaxed)).sum(),
-            num_frees: self.tiers.iter().map(|t| t.frees.load(Relaxed)).sum(),
+            num_allocs: counts.iter().map(|c| c.0).sum(),
+            num_frees: counts.iter().map(|c| c.1).sum(),
             num_ooms: self.ooms.load(Relaxed),
             num_alloc_retries: self.retries.load(Relaxed),
             num_invalid_frees: self.invalid_frees.load(Relaxed),
@@ -1325,8 +1329,8 @@ impl Pool {
                     let (reserved, reserved_peak) = self.tier_reserved(t);
                     TierStats {
                         tier: t.name(),
-                        allocs: c.allocs.load(Relaxed),
-                        frees: c.frees.load(Relaxed),
+                        allocs: counts[t as usize].0,
+                        frees: counts[t as usize].1,
                         live_bytes: c.live.load(Relaxed),
                         live_peak: c.live_peak.load(Relaxed),
                         reserved,
