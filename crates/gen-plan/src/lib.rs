@@ -615,19 +615,20 @@ impl Planner {
     /// plan). What depends on seeing every allocation is dropped: a period being recorded or packed (its
     /// lifetimes would have a hole) and a ready plan not yet served (it could not follow the sequence
     /// across the gap); so are the candidate periods. An active or draining plan is kept (the owner does
-    /// not pause while one serves). Detection starts afresh on the next [`on_alloc`](Self::on_alloc).
+    /// not pause while one serves). Each drop counts as an aborted recording. Detection starts afresh on
+    /// the next [`on_alloc`](Self::on_alloc).
     pub fn pause(&mut self) {
         let recorded = self.record.take().is_some();
         let packing = self.packing.take().is_some();
-        if recorded || packing {
-            self.stats.aborted_recordings += 1;
-        }
-        if self
+        let ready = self
             .plan
             .as_ref()
-            .is_some_and(|p| p.status == Status::Ready)
-        {
+            .is_some_and(|p| p.status == Status::Ready);
+        if ready {
             self.plan = None;
+        }
+        if recorded || packing || ready {
+            self.stats.aborted_recordings += 1;
         }
         self.gaps.clear();
         self.floor = self.cfg.min_period;

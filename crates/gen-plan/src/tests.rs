@@ -418,8 +418,10 @@ fn pausing_drops_what_needs_every_allocation_and_detection_starts_again() {
     }
     assert!(!o.planner.stats().active);
     // A ready plan cannot follow the sequence across a pause: dropped too.
+    let aborted = o.planner.stats().aborted_recordings;
     o.planner.pause();
     let s = o.planner.stats();
+    assert_eq!(s.aborted_recordings, aborted + 1);
     assert_eq!(
         (s.period, s.recording, s.active),
         (0, false, false),
