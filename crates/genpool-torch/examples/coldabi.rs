@@ -1,0 +1,88 @@
+//! Host cost of the plug-in's C entry points with cold caches: `genpool_malloc` / `genpool_free` called as
+//! PyTorch calls them, on the simulated device, replaying a trace's allocations and frees with an
+//! unrelated buffer touched before every call (as PyTorch's own work between two allocator calls evicts
+//! the allocator's data). The engine-level counterpart is `genpool/examples/coldops.rs`; the difference
+//! between the two is the plug-in's own layer (device lookup, address range, recorded streams, guards).
+//!
+//!     cargo run --release -p genpool-torch --example coldabi -- TRACE
+//!
+//! `THRASH_KB` (default 2048), `PASSES` (default 3, the first not counted); `GENPOOL_CONF` as for the
+//! plug-in. Streams are ignored (every call on the default stream).
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::time::Instant;
+
+use gen_trace::EventKind;
+use genpool_torch::{genpool_free, genpool_malloc};
+
+fn main() {
+    let path = std::env::args().nth(1).expect("usage: coldabi TRACE");
+    let env = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let (kb, passes) = (env("THRASH_KB", 2048), env("PASSES", 3));
+    // SAFETY: single-threaded at this point; the plug-in reads it when the first pool is created.
+    unsafe { std::env::set_var("GENPOOL_DEVICE", "sim") };
+    let trace = gen_trace::load_path(std::path::Path::new(&path))
+        .expect("trace")
+        .remove(0);
+    let mut junk = vec![0u64; kb * 1024 / 8];
+    let mut round = 0u64;
+    let mut thrash = |junk: &mut Vec<u64>| {
+        round += 1;
+        for w in junk.iter_mut().step_by(8) {
+            *w = w.wrapping_add(round);
+        }
+        std::hint::black_box(&junk);
+    };
+    let null = std::ptr::null_mut::<c_void>();
+    // alloc ns, allocs, free ns, frees over the counted passes.
+    let mut t = [0u64; 4];
+    for pass in 0..passes {
+        let mut live: HashMap<u64, (*mut c_void, usize)> = HashMap::new();
+        for e in &trace.events {
+            match e.kind {
+                EventKind::Alloc => {
+                    thrash(&mut junk);
+                    let t0 = Instant::now();
+                    let p = genpool_malloc(e.size as usize, 0, null);
+                    let ns = t0.elapsed().as_nanos() as u64;
+                    assert!(!p.is_null(), "allocation of {} failed", e.size);
+                    live.insert(e.addr, (p, e.size as usize));
+                    if pass > 0 {
+                        t[0] += ns;
+                        t[1] += 1;
+                    }
+                }
+                EventKind::Free => {
+                    let Some((p, size)) = live.remove(&e.addr) else {
+                        continue;
+                    };
+                    thrash(&mut junk);
+                    let t0 = Instant::now();
+                    genpool_free(p, size, 0, null);
+                    let ns = t0.elapsed().as_nanos() as u64;
+                    if pass > 0 {
+                        t[2] += ns;
+                        t[3] += 1;
+                    }
+                }
+            }
+        }
+        for (_, (p, size)) in live {
+            genpool_free(p, size, 0, null);
+        }
+    }
+    println!(
+        "{}: thrash {kb} KiB  genpool_malloc {} ns ({} calls)  genpool_free {} ns ({} calls)",
+        trace.name,
+        t[0] / t[1].max(1),
+        t[1],
+        t[2] / t[3].max(1),
+        t[3]
+    );
+}
