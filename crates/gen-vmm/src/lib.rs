@@ -556,26 +556,13 @@ impl PagePool {
         // free and still mapped right here), so the commit only takes references — one walk, no driver
         // call, nothing to plan.
         {
-            let Inner {
-                regions,
-                free_mapped,
-                stats,
-                ..
-            } = &mut *g;
-            let r = regions[rid as usize].as_mut().expect("registered region");
-            let pages = &mut r.pages[first as usize..=last as usize];
-            if pages.iter().all(|p| p.handle.is_some()) {
-                for (i, p) in pages.iter_mut().enumerate() {
-                    if p.refs > 0 {
-                        p.refs += 1;
-                    } else {
-                        p.refs = 1;
-                        free_mapped.remove(&(first as u32 + i as u32, rid));
-                        stats.revivals += 1;
-                        stats.pages_in_use += 1;
-                    }
-                }
-                stats.pages_in_use_peak = stats.pages_in_use_peak.max(stats.pages_in_use);
+            let r = g.regions[rid as usize].as_ref().expect("registered region");
+            if r.pages[first as usize..=last as usize]
+                .iter()
+                .all(|p| p.handle.is_some())
+            {
+                let unbacked = take_backed(&mut g, rid, first, last);
+                debug_assert!(unbacked.is_empty());
                 return Ok(());
             }
         }
@@ -616,30 +603,7 @@ impl PagePool {
         let mut synced = false;
         // Pass 1: pages already backed (in use, or free-mapped right here) take a reference with no
         // driver call. Doing these first keeps pass 2 from stealing a page this very range will revive.
-        let mut unbacked = Vec::new();
-        {
-            let Inner {
-                regions,
-                free_mapped,
-                stats,
-                ..
-            } = &mut *g;
-            let r = regions[rid as usize].as_mut().expect("registered region");
-            for pidx in first..=last {
-                let p = &mut r.pages[pidx as usize];
-                if p.refs > 0 {
-                    p.refs += 1;
-                } else if p.handle.is_some() {
-                    p.refs = 1;
-                    free_mapped.remove(&(pidx as u32, rid));
-                    stats.revivals += 1;
-                    stats.pages_in_use += 1;
-                    stats.pages_in_use_peak = stats.pages_in_use_peak.max(stats.pages_in_use);
-                } else {
-                    unbacked.push(pidx as u32);
-                }
-            }
-        }
+        let unbacked = take_backed(&mut g, rid, first, last);
         // Pass 2: back the rest. First learn which fences completed and drop the old mappings they free.
         if !unbacked.is_empty() && (!g.fences.is_empty() || !g.zombies.is_empty()) {
             self.poll_fences(&mut g);
@@ -998,6 +962,34 @@ impl Drop for PagePool {
 }
 
 /// Take the free-mapped page with the highest page index (of any region).
+/// Take a reference on every backed page of region `rid`'s `first..=last` (reviving free-mapped ones in
+/// place, no driver call); returns the pages with no physical page under them, for the caller to back.
+fn take_backed(g: &mut Inner, rid: u32, first: u64, last: u64) -> Vec<u32> {
+    let mut unbacked = Vec::new();
+    let Inner {
+        regions,
+        free_mapped,
+        stats,
+        ..
+    } = g;
+    let r = regions[rid as usize].as_mut().expect("registered region");
+    for pidx in first..=last {
+        let p = &mut r.pages[pidx as usize];
+        if p.refs > 0 {
+            p.refs += 1;
+        } else if p.handle.is_some() {
+            p.refs = 1;
+            free_mapped.remove(&(pidx as u32, rid));
+            stats.revivals += 1;
+            stats.pages_in_use += 1;
+            stats.pages_in_use_peak = stats.pages_in_use_peak.max(stats.pages_in_use);
+        } else {
+            unbacked.push(pidx as u32);
+        }
+    }
+    unbacked
+}
+
 fn pop_free_mapped(g: &mut Inner) -> Option<(u32, u32)> {
     g.free_mapped.pop_last().map(|(pidx, rid)| (rid, pidx))
 }
