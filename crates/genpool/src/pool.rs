@@ -774,12 +774,12 @@ impl Pool {
             // plan's activation point.
             let mut g = pt.inner.lock();
             let s = g.planner.stats();
-            let busy = s.active
-                || s.planned_live > 0
-                || (self.cfg.plan_min_moves == 0.0 && (s.recording || s.period > 0));
+            let serving = s.active || s.planned_live > 0;
+            let has_period = s.recording || s.period > 0;
+            let busy = serving || (self.cfg.plan_min_moves == 0.0 && has_period);
             // Awake while pages move but no period shows up (random shapes): after a while the planner
             // costs more than it can win; it gives up for a growing number of windows.
-            if s.recording || s.period > 0 || s.active || s.planned_live > 0 {
+            if serving || has_period {
                 self.plan_fruitless.store(0, Relaxed);
                 self.plan_backoff.store(PLAN_SNOOZE_FIRST, Relaxed);
             } else if awake && self.plan_fruitless.fetch_add(1, Relaxed) + 1 >= PLAN_GIVE_UP_WINDOWS
