@@ -11,10 +11,12 @@
 //! free gap. Best fit takes the smallest free extent that holds the request, the lowest-addressed among
 //! equals, and places the block at its low end.
 //!
-//! All methods take `&self`; bookkeeping sits behind one `parking_lot::Mutex` and is O(log n) in the number
-//! of free extents. [`ExtentArena::owns`] is a plain address-range check with no lock.
+//! All methods take `&self`; bookkeeping sits behind one `parking_lot::Mutex`: segregated size bins for the
+//! best fit and boundary tags in an open-addressing table for coalescing (see [`ExtentCore`] for why this
+//! layout and not ordered trees). [`ExtentArena::owns`] is a plain address-range check with no lock.
 
 mod core;
+mod tags;
 
 use std::sync::Arc;
 

@@ -99,14 +99,11 @@ pub struct Pool {
     extent_cache: StreamCache,
     buddy_cache: StreamCache,
     meta: MetaTable,
-    tiers: [TierCounters; 4],
-    live: AtomicU64,
-    live_peak: AtomicU64,
+    /// The words every call reads or writes outside its tier, in two cache lines.
+    hot: Hot,
     ooms: AtomicU64,
     retries: AtomicU64,
     invalid_frees: AtomicU64,
-    /// Large allocations since the last free (any free): a burst builds long-lived state.
-    large_since_free: AtomicU64,
     /// See `Pool::mark_iteration`.
     iterations: parking_lot::Mutex<IterationClock>,
     /// Large allocations counted by `Pool::planner_awake`, page moves at its last check, its verdict.
@@ -121,16 +118,40 @@ pub struct Pool {
     plan_snooze: AtomicU64,
     plan_backoff: AtomicU64,
     plan_snoozes: AtomicU64,
-    max_size: u64,
-    /// The device's ordinal (a classifier feature; read once, not through the device's vtable per call).
-    ordinal: u32,
-    /// Whether freed extent and buddy blocks go through the exact-size stream caches by configuration.
-    caching: bool,
+}
+
+/// What every allocation and free reads or writes outside its tier, packed into two cache lines. Inside
+/// PyTorch the allocator's lines are mostly cold between calls (kernel launches and the interpreter run in
+/// between), so each distinct line a call touches costs a miss: spread over the pool's fields (Rust lays
+/// them out by size, not by use) these words took ~4-5 lines a call; here they take two.
+#[repr(C, align(64))]
+struct Hot {
+    /// Live bytes in all tiers, and their peak.
+    live: AtomicU64,
+    live_peak: AtomicU64,
     /// The one stream seen so far (`NO_STREAM` before the first).
     solo_stream: AtomicU64,
+    /// Large allocations since the last free (any free): a burst builds long-lived state.
+    large_since_free: AtomicU64,
+    /// The device's memory: no allocation can be larger.
+    max_size: u64,
+    /// The slab tier's largest size (copied from it).
+    slab_max: u64,
+    /// The device's ordinal (a classifier feature; read once, not through the device's vtable per call).
+    ordinal: u32,
+    /// Copies of the configuration that routing reads on every call.
+    routing: Routing,
+    long_tier: LongTier,
+    use_site: bool,
+    /// Whether freed extent and buddy blocks go through the exact-size stream caches by configuration.
+    caching: bool,
+    /// Whether the stream-ordered tier exists.
+    has_stream: bool,
     /// A second stream has been seen: extent and buddy frees then go through the stream caches, whose
     /// event-guarded migration keeps a block freed on S from reaching T before S's work is done.
     multi_stream: AtomicBool,
+    /// Per tier (the second line).
+    tiers: [TierCounters; 4],
 }
 
 const NO_STREAM: u64 = u64::MAX;
@@ -421,14 +442,26 @@ impl Pool {
             max_cached_bytes: cfg.cache_max_bytes,
             ..StreamCacheConfig::default()
         };
+        let hot = Hot {
+            live: AtomicU64::new(0),
+            live_peak: AtomicU64::new(0),
+            solo_stream: AtomicU64::new(NO_STREAM),
+            large_since_free: AtomicU64::new(0),
+            max_size: props.total_mem,
+            slab_max: slab.max_size(),
+            ordinal: props.ordinal as u32,
+            routing: cfg.routing,
+            long_tier: cfg.long_tier,
+            use_site: cfg.use_site,
+            caching: cfg.cache_max_bytes > 0,
+            has_stream: stream.is_some(),
+            multi_stream: AtomicBool::new(false),
+            tiers: Default::default(),
+        };
         Ok(Pool {
             extent_cache: StreamCache::new(device.clone(), cache_cfg.clone()),
             buddy_cache: StreamCache::new(device.clone(), cache_cfg),
-            max_size: props.total_mem,
-            ordinal: props.ordinal as u32,
-            caching: cfg.cache_max_bytes > 0,
-            solo_stream: AtomicU64::new(NO_STREAM),
-            multi_stream: AtomicBool::new(false),
+            hot,
             device,
             cfg,
             pages,
@@ -439,13 +472,9 @@ impl Pool {
             plan,
             stream,
             meta: MetaTable::new(),
-            tiers: Default::default(),
-            live: AtomicU64::new(0),
-            live_peak: AtomicU64::new(0),
             ooms: AtomicU64::new(0),
             retries: AtomicU64::new(0),
             invalid_frees: AtomicU64::new(0),
-            large_since_free: AtomicU64::new(0),
             iterations: parking_lot::Mutex::new(IterationClock::default()),
             plan_clock: AtomicU64::new(0),
             plan_steals: AtomicU64::new(0),
@@ -485,15 +514,16 @@ impl Pool {
     /// the new stream.
     #[inline]
     fn note_stream(&self, stream: StreamId) {
-        if self.multi_stream.load(Ordering::Acquire) {
+        if self.hot.multi_stream.load(Ordering::Acquire) {
             return;
         }
-        let solo = self.solo_stream.load(Relaxed);
+        let solo = self.hot.solo_stream.load(Relaxed);
         if solo == stream {
             return;
         }
         if solo == NO_STREAM
             && self
+                .hot
                 .solo_stream
                 .compare_exchange(NO_STREAM, stream, Ordering::AcqRel, Relaxed)
                 .is_ok()
@@ -502,8 +532,8 @@ impl Pool {
             self.pages.set_fence_stream(Some(stream));
             return;
         }
-        if self.solo_stream.load(Relaxed) != stream
-            && !self.multi_stream.swap(true, Ordering::SeqCst)
+        if self.hot.solo_stream.load(Relaxed) != stream
+            && !self.hot.multi_stream.swap(true, Ordering::SeqCst)
         {
             self.pages.set_fence_stream(None);
             match self.device.synchronize() {
@@ -518,12 +548,12 @@ impl Pool {
     /// Whether freed extent/buddy blocks go through the stream caches now.
     #[inline]
     fn caching_now(&self) -> bool {
-        self.caching || self.multi_stream.load(Ordering::SeqCst)
+        self.hot.caching || self.hot.multi_stream.load(Ordering::SeqCst)
     }
 
     fn route(&self, size: u64, class: Lifetime) -> Tier {
-        let small = size <= self.slab.max_size();
-        match (self.cfg.routing, class) {
+        let small = size <= self.hot.slab_max;
+        match (self.hot.routing, class) {
             (Routing::Single, _) | (Routing::Generational, Lifetime::Short) => {
                 if small {
                     Tier::Slab
@@ -532,7 +562,7 @@ impl Pool {
                 }
             }
             (Routing::Generational, Lifetime::Mid) => {
-                if self.stream.is_some() {
+                if self.hot.has_stream {
                     Tier::Stream
                 } else if small {
                     Tier::Slab
@@ -540,7 +570,7 @@ impl Pool {
                     Tier::Extent
                 }
             }
-            (Routing::Generational, Lifetime::Long) => match self.cfg.long_tier {
+            (Routing::Generational, Lifetime::Long) => match self.hot.long_tier {
                 LongTier::Buddy => Tier::Buddy,
                 LongTier::Extent => Tier::Extent,
             },
@@ -558,7 +588,7 @@ impl Pool {
                 reason: "zero-byte allocation",
             });
         }
-        if size > self.max_size {
+        if size > self.hot.max_size {
             return Err(GenpoolError::InvalidSize {
                 size,
                 reason: "larger than the device's memory",
@@ -569,8 +599,8 @@ impl Pool {
         let features = Features {
             size,
             stream,
-            device: self.ordinal,
-            site: if self.cfg.use_site { hint.site } else { None },
+            device: self.hot.ordinal,
+            site: if self.hot.use_site { hint.site } else { None },
             hint: hint.lifetime,
         };
         let stamp = self.classifier.on_alloc(&features);
@@ -580,11 +610,11 @@ impl Pool {
         // The planner sees every large allocation (by size, not by prediction, so the sequence it learns
         // does not change as the classifier learns); a planned slot overrides the route: the plan knows
         // the block's lifetime from the last period.
-        if size > self.slab.max_size() && !self.multi_stream.load(Ordering::Acquire) {
+        if size > self.hot.slab_max && !self.hot.multi_stream.load(Ordering::Acquire) {
             // A heuristic count: a plain load and store (no locked instruction); a race between two
             // threads' large allocations loses one count, which no decision depends on exactly.
-            let run = self.large_since_free.load(Relaxed);
-            self.large_since_free.store(run + 1, Relaxed);
+            let run = self.hot.large_since_free.load(Relaxed);
+            self.hot.large_since_free.store(run + 1, Relaxed);
             if let Some(pt) = self.plan.as_ref().filter(|pt| self.planner_awake(pt)) {
                 match self.plan_alloc(pt, size, run) {
                     Decision::Planned { offset, ticket: t } => {
@@ -618,16 +648,16 @@ impl Pool {
                 ticket,
             },
         );
-        let t = &self.tiers[tier as usize];
+        let t = &self.hot.tiers[tier as usize];
         let tl = t.live.fetch_add(size, Relaxed) + size;
         // Peaks rarely move in a loop's steady state: a plain load keeps the line shared and skips a
         // locked instruction.
         if tl > t.live_peak.load(Relaxed) {
             t.live_peak.fetch_max(tl, Relaxed);
         }
-        let live = self.live.fetch_add(size, Relaxed) + size;
-        if live > self.live_peak.load(Relaxed) {
-            self.live_peak.fetch_max(live, Relaxed);
+        let live = self.hot.live.fetch_add(size, Relaxed) + size;
+        if live > self.hot.live_peak.load(Relaxed) {
+            self.hot.live_peak.fetch_max(live, Relaxed);
         }
         Ok(Block { ptr, size, tier })
     }
@@ -1057,8 +1087,8 @@ impl Pool {
             }
         };
         let size = meta.size;
-        if self.large_since_free.load(Relaxed) != 0 {
-            self.large_since_free.store(0, Relaxed);
+        if self.hot.large_since_free.load(Relaxed) != 0 {
+            self.hot.large_since_free.store(0, Relaxed);
         }
         self.note_stream(stream);
         self.classifier.on_free(&meta.stamp, size);
@@ -1094,8 +1124,10 @@ impl Pool {
             self.meta.restore(ptr, meta);
             return Err(e);
         }
-        self.tiers[meta.tier as usize].live.fetch_sub(size, Relaxed);
-        self.live.fetch_sub(size, Relaxed);
+        self.hot.tiers[meta.tier as usize]
+            .live
+            .fetch_sub(size, Relaxed);
+        self.hot.live.fetch_sub(size, Relaxed);
         Ok(size)
     }
 
@@ -1112,7 +1144,7 @@ impl Pool {
         }
         match cache.put(ptr, size, stream) {
             Ok(()) => Ok(()),
-            Err(_) if self.multi_stream.load(Ordering::SeqCst) => {
+            Err(_) if self.hot.multi_stream.load(Ordering::SeqCst) => {
                 // Over the cache's bound, but the tier could hand the block to another stream while work
                 // queued on `stream` still uses it: keep it cached (past the bound) until a drain makes it
                 // safe, rather than block this free on the stream.
@@ -1209,7 +1241,7 @@ impl Pool {
 
     /// Bytes live (allocated and not freed).
     pub fn allocated(&self) -> u64 {
-        self.live.load(Relaxed)
+        self.hot.live.load(Relaxed)
     }
 
     /// Number of live blocks.
@@ -1289,7 +1321,7 @@ impl Pool {
                 .iter()
                 .map(|&t| TierUsage {
                     tier: t.name(),
-                    live: self.tiers[t as usize].live.load(Relaxed),
+                    live: self.hot.tiers[t as usize].live.load(Relaxed),
                     reserved: self.tier_reserved(t).0,
                 })
                 .collect(),
@@ -1311,7 +1343,7 @@ impl Pool {
         let counts = self.meta.counts();
         PoolStats {
             allocated_current: self.allocated(),
-            allocated_peak: self.live_peak.load(Relaxed),
+            allocated_peak: self.hot.live_peak.load(Relaxed),
             reserved_current: self.reserved_now(),
             reserved_peak: self.reserved_peak(),
             num_allocs: counts.iter().map(|c| c.0).sum(),
@@ -1325,7 +1357,7 @@ impl Pool {
             tiers: Tier::ALL
                 .iter()
                 .map(|&t| {
-                    let c = &self.tiers[t as usize];
+                    let c = &self.hot.tiers[t as usize];
                     let (reserved, reserved_peak) = self.tier_reserved(t);
                     TierStats {
                         tier: t.name(),
