@@ -14,6 +14,8 @@
 //! B-trees touched ~15 lines per allocation or free of a large block on ResNet-50's trace (cachegrind with
 //! a cold cache, `genpool/examples/coldops.rs`), the bins and tags a handful.
 
+use std::collections::BTreeSet;
+
 use crate::tags::Tags;
 
 /// Allocation granularity and alignment: blocks start at multiples of 512 B, sizes round up to 512 B.
@@ -51,18 +53,93 @@ const END: u64 = 1;
 /// A start tag's value: size << 1, low bit set for a free extent.
 const FREE: u64 = 1;
 
-/// The smallest `(size, offset)` in `bin` with size ≥ `size`: its index.
-#[inline]
-fn min_fit(bin: &[(u64, u64)], size: u64) -> Option<usize> {
-    let mut best = None;
-    let mut key = (u64::MAX, u64::MAX);
-    for (i, &e) in bin.iter().enumerate() {
-        if e.0 >= size && e < key {
-            key = e;
-            best = Some(i);
+/// A bin holding more free extents than this becomes ordered (a `BTreeSet`), and flat again below
+/// [`FLAT_AT`]: a flat bin is one or two cache lines to scan in the common case (a few extents per bin),
+/// an ordered one keeps a pathological bin (thousands of equal holes) at O(log n) per operation. Tests
+/// switch often, so that both forms and the switches run.
+const TREE_AT: usize = if cfg!(test) { 4 } else { 64 };
+const FLAT_AT: usize = if cfg!(test) { 2 } else { 16 };
+
+/// The free extents of one size bin, as `(size, offset)`.
+#[derive(Debug, Clone)]
+enum Bin {
+    Flat(Vec<(u64, u64)>),
+    Tree(BTreeSet<(u64, u64)>),
+}
+
+impl Bin {
+    fn len(&self) -> usize {
+        match self {
+            Bin::Flat(v) => v.len(),
+            Bin::Tree(t) => t.len(),
         }
     }
-    best
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn iter(&self) -> Box<dyn Iterator<Item = &(u64, u64)> + '_> {
+        match self {
+            Bin::Flat(v) => Box::new(v.iter()),
+            Bin::Tree(t) => Box::new(t.iter()),
+        }
+    }
+
+    fn push(&mut self, e: (u64, u64)) {
+        match self {
+            Bin::Flat(v) if v.len() < TREE_AT => v.push(e),
+            Bin::Flat(v) => {
+                let mut t: BTreeSet<(u64, u64)> = v.drain(..).collect();
+                t.insert(e);
+                *self = Bin::Tree(t);
+            }
+            Bin::Tree(t) => {
+                t.insert(e);
+            }
+        }
+    }
+
+    /// Remove `e` (which must be present).
+    fn remove(&mut self, e: (u64, u64)) {
+        match self {
+            Bin::Flat(v) => {
+                let i = v
+                    .iter()
+                    .position(|&x| x == e)
+                    .expect("a tagged free extent is in its bin");
+                v.swap_remove(i);
+            }
+            Bin::Tree(t) => {
+                let had = t.remove(&e);
+                debug_assert!(had, "a tagged free extent is in its bin");
+                if t.len() < FLAT_AT {
+                    *self = Bin::Flat(std::mem::take(t).into_iter().collect());
+                }
+            }
+        }
+    }
+
+    /// The smallest `(size, offset)` with size ≥ `size`.
+    #[inline]
+    fn min_fit(&self, size: u64) -> Option<(u64, u64)> {
+        match self {
+            Bin::Flat(v) => {
+                let mut best = None;
+                for &e in v {
+                    if e.0 >= size && best.is_none_or(|b| e < b) {
+                        best = Some(e);
+                    }
+                }
+                best
+            }
+            Bin::Tree(t) => t.range((size, 0)..).next().copied(),
+        }
+    }
+
+    fn max_size(&self) -> u64 {
+        self.iter().map(|&(s, _)| s).max().unwrap_or(0)
+    }
 }
 
 /// A best-fit coalescing allocator of offsets in `[0, len)`. Not thread-safe by itself (the arena wraps
@@ -71,7 +148,7 @@ fn min_fit(bin: &[(u64, u64)], size: u64) -> Option<usize> {
 pub struct ExtentCore {
     len: u64,
     /// Free extents as `(size, offset)`, by size bin, unordered inside a bin.
-    bins: Vec<Vec<(u64, u64)>>,
+    bins: Vec<Bin>,
     /// Non-empty bins.
     nonempty: [u64; NBINS / 64],
     tags: Tags,
@@ -89,7 +166,7 @@ impl ExtentCore {
         let len = len.min(u64::MAX - MIN_BLOCK) & !(MIN_BLOCK - 1);
         let mut core = ExtentCore {
             len,
-            bins: vec![Vec::new(); NBINS],
+            bins: vec![Bin::Flat(Vec::new()); NBINS],
             nonempty: [0; NBINS / 64],
             tags: Tags::new(),
             free_count: 0,
@@ -135,7 +212,7 @@ impl ExtentCore {
             .find(|&w| self.nonempty[w] != 0)
             .map_or(0, |w| {
                 let b = w * 64 + 63 - self.nonempty[w].leading_zeros() as usize;
-                self.bins[b].iter().map(|&(s, _)| s).max().unwrap_or(0)
+                self.bins[b].max_size()
             })
     }
 
@@ -159,15 +236,15 @@ impl ExtentCore {
         }
     }
 
-    /// The best fit for `size` (rounded): (bin, index in the bin).
+    /// The best fit for `size` (rounded): (bin, `(size, offset)`).
     #[inline]
-    fn best(&self, size: u64) -> Option<(usize, usize)> {
+    fn best(&self, size: u64) -> Option<(usize, (u64, u64))> {
         let b = bin_of(size / MIN_BLOCK);
-        if let Some(i) = min_fit(&self.bins[b], size) {
-            return Some((b, i));
+        if let Some(e) = self.bins[b].min_fit(size) {
+            return Some((b, e));
         }
         let nb = self.next_bin(b + 1)?;
-        min_fit(&self.bins[nb], size).map(|i| (nb, i))
+        self.bins[nb].min_fit(size).map(|e| (nb, e))
     }
 
     /// Allocate `size` bytes (rounded up to 512 B) best-fit; returns the offset, or `None` when no free
@@ -178,15 +255,15 @@ impl ExtentCore {
             let (_, o, s) = self
                 .bins
                 .iter()
-                .flatten()
+                .flat_map(Bin::iter)
                 .filter(|&&(s, _)| s >= size)
                 .map(|&(s, o)| (o, o, s))
                 .min()?;
             self.unbin(o, s);
             (s, o)
         } else {
-            let (b, i) = self.best(size)?;
-            let e = self.bins[b].swap_remove(i);
+            let (b, e) = self.best(size)?;
+            self.bins[b].remove(e);
             if self.bins[b].is_empty() {
                 self.nonempty[b / 64] &= !(1 << (b % 64));
             }
@@ -247,7 +324,7 @@ impl ExtentCore {
         }
         self.bins
             .iter()
-            .flatten()
+            .flat_map(Bin::iter)
             .find(|&&(s, o)| o <= offset && end <= o + s)
             .map(|&(s, o)| (o, s))
     }
@@ -326,11 +403,7 @@ impl ExtentCore {
     fn unbin(&mut self, off: u64, size: u64) {
         let b = bin_of(size / MIN_BLOCK);
         let v = &mut self.bins[b];
-        let i = v
-            .iter()
-            .position(|&(_, o)| o == off)
-            .expect("a tagged free extent is in its bin");
-        v.swap_remove(i);
+        v.remove((size, off));
         if v.is_empty() {
             self.nonempty[b / 64] &= !(1 << (b % 64));
         }
@@ -352,7 +425,12 @@ impl ExtentCore {
 
     /// The free extents as `(offset, length)`, sorted by offset.
     pub fn free_ranges(&self) -> Vec<(u64, u64)> {
-        let mut v: Vec<(u64, u64)> = self.bins.iter().flatten().map(|&(s, o)| (o, s)).collect();
+        let mut v: Vec<(u64, u64)> = self
+            .bins
+            .iter()
+            .flat_map(Bin::iter)
+            .map(|&(s, o)| (o, s))
+            .collect();
         v.sort_unstable();
         v
     }
@@ -387,7 +465,7 @@ impl ExtentCore {
                     bin.len()
                 ));
             }
-            for &(s, o) in bin {
+            for &(s, o) in bin.iter() {
                 if s == 0 || o % MIN_BLOCK != 0 || s % MIN_BLOCK != 0 {
                     return Err(format!("free extent ({o:#x}, {s:#x}) empty or misaligned"));
                 }
@@ -518,6 +596,32 @@ mod tests {
         assert_eq!(c.alloc(1), Some(27 * U));
         assert_eq!(c.alloc(6 * U), Some(51 * U), "only the tail fits");
         c.check().unwrap();
+    }
+
+    #[test]
+    fn many_equal_holes_keep_best_fit_lowest_first() {
+        // A thousand equal holes land in one bin (ordered past `TREE_AT`): best fit still takes the
+        // lowest; filling them all and freeing them again coalesces back to one extent.
+        let n = if cfg!(miri) { 40 } else { 1000 };
+        let mut c = ExtentCore::new(2 * n * 3 * U + 8 * U);
+        let blocks: Vec<u64> = (0..2 * n).map(|_| c.alloc(3 * U).unwrap()).collect();
+        for &b in blocks.iter().step_by(2) {
+            c.free(b).unwrap();
+        }
+        c.check().unwrap();
+        assert_eq!(c.free_extents() as u64, n + 1);
+        for (i, &b) in blocks.iter().step_by(2).enumerate() {
+            assert_eq!(c.alloc(2 * U), Some(b), "hole {i}: the lowest equal hole");
+        }
+        c.check().unwrap();
+        for &b in &blocks {
+            c.free(b).unwrap();
+        }
+        for (i, &b) in blocks.iter().step_by(2).enumerate() {
+            assert_eq!(c.free(b), None, "block {i} freed twice");
+        }
+        c.check().unwrap();
+        assert_eq!(c.free_extents(), 1);
     }
 
     #[test]
