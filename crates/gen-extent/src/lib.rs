@@ -214,12 +214,12 @@ impl ExtentArena {
     pub fn alloc(&self, size: u64, grow: bool) -> Result<u64, ExtentError> {
         let rounded = round_size(size).ok_or(ExtentError::InvalidSize(size))?;
         let mut g = self.inner.lock();
-        let off = self
-            .place(&mut g.core, rounded)
-            .ok_or(ExtentError::OutOfAddressSpace {
-                requested: rounded,
-                largest_free: g.core.largest_free(),
-            })?;
+        let off =
+            self.place(&mut g.core, rounded)
+                .ok_or_else(|| ExtentError::OutOfAddressSpace {
+                    requested: rounded,
+                    largest_free: g.core.largest_free(),
+                })?;
         if let Err(e) = self.region.commit(off, rounded, grow) {
             g.core.free(off);
             return Err(e.into());
