@@ -24,7 +24,6 @@ use gen_vmm::{PagePool, Region, VmmError};
 use parking_lot::Mutex;
 
 pub use crate::core::{round_size, ExtentCore, MIN_BLOCK};
-use gen_vmm::PageTally;
 
 /// Errors of the extent tier.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -121,7 +120,8 @@ pub struct ExtentStats {
 
 struct Inner {
     core: ExtentCore,
-    tally: PageTally,
+    /// Highest count of the region's pages in use after an allocation (the region counts them: this
+    /// arena alone commits into it).
     peak_committed_pages: u64,
     peak_live: u64,
     allocs: u64,
@@ -176,7 +176,6 @@ impl ExtentArena {
             placement_candidates: cfg.placement_candidates,
             inner: Mutex::new(Inner {
                 core: ExtentCore::new(len),
-                tally: PageTally::dense(page, len.div_ceil(page)),
                 peak_committed_pages: 0,
                 peak_live: 0,
                 allocs: 0,
@@ -220,12 +219,14 @@ impl ExtentArena {
                     requested: rounded,
                     largest_free: g.core.largest_free(),
                 })?;
-        if let Err(e) = self.region.commit(off, rounded, grow) {
-            g.core.free(off);
-            return Err(e.into());
-        }
-        g.tally.add(off, rounded);
-        g.peak_committed_pages = g.peak_committed_pages.max(g.tally.pages());
+        let pages = match self.region.commit_counted(off, rounded, grow) {
+            Ok(pages) => pages,
+            Err(e) => {
+                g.core.free(off);
+                return Err(e.into());
+            }
+        };
+        g.peak_committed_pages = g.peak_committed_pages.max(pages);
         g.peak_live = g.peak_live.max(g.core.live_bytes());
         g.allocs += 1;
         Ok(self.base + off)
@@ -241,7 +242,6 @@ impl ExtentArena {
         let mut g = self.inner.lock();
         let size = g.core.free(off).ok_or(ExtentError::InvalidFree { ptr })?;
         self.region.decommit(off, size);
-        g.tally.remove(off, size);
         g.frees += 1;
         Ok(size)
     }
@@ -267,7 +267,7 @@ impl ExtentArena {
         ExtentStats {
             live_bytes: g.core.live_bytes(),
             live_blocks: g.core.live_blocks() as u64,
-            committed_bytes: g.tally.pages() * self.page,
+            committed_bytes: self.region.committed_bytes(),
             peak_committed_bytes: g.peak_committed_pages * self.page,
             peak_live_bytes: g.peak_live,
             free_extents: g.core.free_extents() as u64,
@@ -286,16 +286,30 @@ impl ExtentArena {
         0
     }
 
-    /// Check the arena's invariants (core structure, page tally against the region's own references).
+    /// Check the arena's invariants (core structure; the region's pages in use are exactly the pages the
+    /// live blocks touch).
     /// Expensive; for tests and debugging.
     pub fn check(&self) -> Result<(), String> {
         let g = self.inner.lock();
         g.core.check()?;
-        let tallied = g.tally.pages() * self.page;
+        let mut touched = 0u64;
+        let mut last_page = None;
+        for (off, len) in g.core.live_ranges() {
+            let (first, last) = (off / self.page, (off + len - 1) / self.page);
+            // Live ranges are sorted and disjoint: only a range's first page can repeat the last one's.
+            let first = if last_page == Some(first) {
+                first + 1
+            } else {
+                first
+            };
+            touched += (last + 1).saturating_sub(first);
+            last_page = Some(last);
+        }
         let mapped = self.region.committed_bytes();
-        if tallied != mapped {
+        if touched * self.page != mapped {
             return Err(format!(
-                "tally {tallied} B committed, region says {mapped} B"
+                "live blocks touch {} B of pages, region says {mapped} B committed",
+                touched * self.page
             ));
         }
         Ok(())

@@ -254,6 +254,8 @@ struct RegionPages {
     base: DevicePtr,
     pages: Vec<Page>,
     hot: Vec<PageHot>,
+    /// Pages with at least one reference.
+    in_use: u64,
 }
 
 /// `repr(C)`: the region table and the free set, which every commit and decommit touches, come first (see
@@ -609,6 +611,7 @@ impl PagePool {
             base,
             pages: vec![Page::default(); (len / self.page) as usize],
             hot: vec![PageHot::default(); (len / self.page) as usize],
+            in_use: 0,
         };
         if let Some(i) = g.regions.iter().position(Option::is_none) {
             g.regions[i] = Some(rp);
@@ -633,7 +636,8 @@ impl PagePool {
         Ok(handle)
     }
 
-    fn commit(&self, rid: u32, first: u64, last: u64, grow: bool) -> Result<(), VmmError> {
+    /// Commit pages `first..=last` of region `rid`; returns the region's pages in use after it.
+    fn commit(&self, rid: u32, first: u64, last: u64, grow: bool) -> Result<u64, VmmError> {
         let mut g = self.inner.lock();
         // The common case of a training loop's steady state: every page is backed already (in use, or
         // free and still mapped right here), so the commit only takes references — one walk, no driver
@@ -646,7 +650,10 @@ impl PagePool {
             {
                 let unbacked = take_backed(&mut g, rid, first, last);
                 debug_assert!(unbacked.is_empty());
-                return Ok(());
+                return Ok(g.regions[rid as usize]
+                    .as_ref()
+                    .expect("registered region")
+                    .in_use);
             }
         }
         // Plan: pages that need a physical page mapped under them.
@@ -706,7 +713,12 @@ impl PagePool {
             // needs one of their addresses).
             log::debug!("gen-vmm: no fence for the old mappings of this commit");
         }
-        res
+        res.map(|()| {
+            g.regions[rid as usize]
+                .as_ref()
+                .expect("registered region")
+                .in_use
+        })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -762,6 +774,7 @@ impl PagePool {
                     r.hot[q].refs = 1;
                     r.hot[q].set_backed(true);
                 }
+                r.in_use += (j - i) as u64;
                 g.stats.maps += (j - i) as u64;
                 mapped = j;
                 i = j;
@@ -925,6 +938,7 @@ impl PagePool {
             p.refs -= 1;
             if p.refs == 0 {
                 p.set_freed(g.epoch);
+                r.in_use -= 1;
                 g.stats.pages_in_use -= 1;
                 if !self.cfg.eager_unmap {
                     g.free_mapped.insert((pidx as u32, rid));
@@ -1064,6 +1078,7 @@ fn take_backed(g: &mut Inner, rid: u32, first: u64, last: u64) -> Vec<u32> {
             p.refs += 1;
         } else if p.backed() {
             p.refs = 1;
+            r.in_use += 1;
             free_mapped.remove(&(pidx as u32, rid));
             stats.revivals += 1;
             stats.pages_in_use += 1;
@@ -1190,6 +1205,12 @@ impl Region {
     /// each. With `grow == false` fails with [`VmmError::WouldGrow`] rather than create physical pages. On
     /// any error nothing has changed.
     pub fn commit(&self, offset: u64, len: u64, grow: bool) -> Result<(), VmmError> {
+        self.commit_counted(offset, len, grow).map(|_| ())
+    }
+
+    /// [`commit`](Self::commit), returning the number of the region's pages in use after it (what a tier
+    /// that alone commits into the region would otherwise tally itself).
+    pub fn commit_counted(&self, offset: u64, len: u64, grow: bool) -> Result<u64, VmmError> {
         let (first, last) = self.page_range(offset, len)?;
         self.pool.commit(self.id, first, last, grow)
     }
@@ -1215,7 +1236,13 @@ impl Region {
         let r = g.regions[self.id as usize]
             .as_ref()
             .expect("registered region");
-        r.hot.iter().filter(|p| p.refs > 0).count() as u64 * self.pool.page
+        debug_assert_eq!(
+            r.in_use,
+            r.hot.iter().filter(|p| p.refs > 0).count() as u64,
+            "pages-in-use count of region '{}'",
+            r.name
+        );
+        r.in_use * self.pool.page
     }
 
     /// For each `(offset, len)` range, how many of the pages it overlaps have no physical page mapped
