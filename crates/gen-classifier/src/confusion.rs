@@ -84,23 +84,26 @@ impl fmt::Display for Confusion {
 
 /// Shared atomic accumulator behind [`Confusion`].
 #[derive(Debug, Default)]
+#[repr(align(64))]
 pub(crate) struct AtomicConfusion {
-    counts: [[AtomicU64; 3]; 3],
-    bytes: [[AtomicU64; 3]; 3],
+    /// Per (predicted, actual): the count and the bytes side by side, so a free touches one cache line
+    /// (16-byte cells in a 64-byte-aligned table never straddle two).
+    cells: [[[AtomicU64; 2]; 3]; 3],
 }
 
 impl AtomicConfusion {
     pub(crate) fn add(&self, predicted: Lifetime, actual: Lifetime, size: u64) {
-        self.counts[predicted.index()][actual.index()].fetch_add(1, Ordering::Relaxed);
-        self.bytes[predicted.index()][actual.index()].fetch_add(size, Ordering::Relaxed);
+        let cell = &self.cells[predicted.index()][actual.index()];
+        cell[0].fetch_add(1, Ordering::Relaxed);
+        cell[1].fetch_add(size, Ordering::Relaxed);
     }
 
     pub(crate) fn snapshot(&self) -> Confusion {
         let mut c = Confusion::default();
         for p in 0..3 {
             for a in 0..3 {
-                c.counts[p][a] = self.counts[p][a].load(Ordering::Relaxed);
-                c.bytes[p][a] = self.bytes[p][a].load(Ordering::Relaxed);
+                c.counts[p][a] = self.cells[p][a][0].load(Ordering::Relaxed);
+                c.bytes[p][a] = self.cells[p][a][1].load(Ordering::Relaxed);
             }
         }
         c

@@ -239,22 +239,40 @@ fn epoch_shift(allocs: u64) -> u32 {
 }
 
 /// The online lifetime classifier. `Send + Sync`; share it by reference.
+#[repr(C, align(64))]
 pub struct Classifier {
-    cfg: ClassifierConfig,
-    decay_num: u32,
-    mask: usize,
-    slots: Box<[Slot]>,
-    coarse: Box<[AtomicU64]>,
+    // `repr(C)`, in this order: what every allocation and free reads or writes comes in the first two
+    // cache lines — the clocks, the key table, and copies of the configuration they consult. Inside
+    // PyTorch the classifier's lines are cold between calls, and Rust's own field order (by size) spread
+    // these over four or five lines behind the configuration's.
+    // Line 0.
     alloc_clock: AtomicU64,
     byte_clock: AtomicU64,
+    last_free: AtomicU64,
     period: AtomicU64,
     origin: AtomicU64,
+    slots: Box<[Slot]>,
+    mask: usize,
+    // Line 1.
     marked: AtomicBool,
-    last_mark: AtomicU64,
-    last_free: AtomicU64,
-    detector: Detector,
+    use_site: bool,
+    detect_period: bool,
+    decay_num: u32,
     short_shift: u32,
     mid_shift: u32,
+    size_sub_bits: u32,
+    phase_buckets: u32,
+    max_probes: u32,
+    drift_min_obs: u32,
+    short: Horizon,
+    mid: Horizon,
+    // The rest.
+    prior_burst_allocs: u64,
+    prior_long_min_size: u64,
+    coarse: Box<[AtomicU64]>,
+    last_mark: AtomicU64,
+    cfg: ClassifierConfig,
+    detector: Detector,
     confusion: AtomicConfusion,
     stats: AtomicStats,
 }
@@ -275,6 +293,16 @@ impl Classifier {
         let slots = (0..cfg.capacity).map(|_| Slot::default()).collect();
         let coarse = (0..512).map(|_| AtomicU64::new(0)).collect();
         Self {
+            use_site: cfg.use_site,
+            detect_period: cfg.detect_period,
+            size_sub_bits: cfg.size_sub_bits,
+            phase_buckets: cfg.phase_buckets,
+            max_probes: cfg.max_probes,
+            drift_min_obs: cfg.drift_min_obs,
+            short: cfg.short,
+            mid: cfg.mid,
+            prior_burst_allocs: cfg.prior_burst_allocs,
+            prior_long_min_size: cfg.prior_long_min_size,
             decay_num: (cfg.decay * 256.0).round() as u32,
             mask: cfg.capacity - 1,
             slots,
@@ -302,9 +330,9 @@ impl Classifier {
 
     /// Classifies an observed lifetime against the horizons.
     pub fn classify(&self, lifetime_allocs: u64, lifetime_bytes: u64) -> Lifetime {
-        if self.cfg.short.fits(lifetime_allocs, lifetime_bytes) {
+        if self.short.fits(lifetime_allocs, lifetime_bytes) {
             Lifetime::Short
-        } else if self.cfg.mid.fits(lifetime_allocs, lifetime_bytes) {
+        } else if self.mid.fits(lifetime_allocs, lifetime_bytes) {
             Lifetime::Mid
         } else {
             Lifetime::Long
@@ -312,7 +340,7 @@ impl Classifier {
     }
 
     fn phase_bucket(&self, clock: u64) -> u64 {
-        let n = self.cfg.phase_buckets as u64;
+        let n = self.phase_buckets as u64;
         let p = self.period.load(Ordering::Relaxed);
         if n <= 1 || p == 0 {
             return 0;
@@ -332,7 +360,7 @@ impl Classifier {
     /// The slot index of `key` (non-zero), inserting it if absent; `None` when the probe sequence is full.
     fn lookup(&self, key: u64) -> Option<usize> {
         let mut i = key as usize & self.mask;
-        for _ in 0..self.cfg.max_probes {
+        for _ in 0..self.max_probes {
             let s = &self.slots[i];
             let k = s.key.load(Ordering::Acquire);
             if k == key {
@@ -372,7 +400,7 @@ impl Classifier {
 
     fn learn_key(&self, slot: &Slot, c: Lifetime, times: u32) {
         let (old, new) = observe_atomic(&slot.state, c, times, self.decay_num);
-        if old.n >= self.cfg.drift_min_obs && old.class != new.class {
+        if old.n >= self.drift_min_obs && old.class != new.class {
             self.stats.drift_events.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -384,14 +412,14 @@ impl Classifier {
             .byte_clock
             .fetch_add(f.size, Ordering::Relaxed)
             .wrapping_add(f.size);
-        let sc = size_class(f.size, self.cfg.size_sub_bits);
-        let site = if self.cfg.use_site {
+        let sc = size_class(f.size, self.size_sub_bits);
+        let site = if self.use_site {
             f.site.map_or(0, |s| mix(s ^ 0x5173))
         } else {
             0
         };
         let base = mix(mix((sc as u64) | ((f.device as u64) << 32)) ^ f.stream) ^ site;
-        if self.cfg.detect_period && !self.marked.load(Ordering::Relaxed) {
+        if self.detect_period && !self.marked.load(Ordering::Relaxed) {
             if let Some(p) = self.detector.feed(clock, base) {
                 self.origin.store(clock, Ordering::Relaxed);
                 self.period.store(p, Ordering::Relaxed);
@@ -427,10 +455,10 @@ impl Classifier {
             (None, None) => {
                 let cs = KeyState::unpack(self.coarse[sc as usize].load(Ordering::Relaxed));
                 let last_free = self.last_free.load(Ordering::Relaxed);
-                let burst = self.cfg.prior_burst_allocs != 0
+                let burst = self.prior_burst_allocs != 0
                     && (last_free == u64::MAX
-                        || clock.saturating_sub(last_free) >= self.cfg.prior_burst_allocs);
-                if burst && f.size >= self.cfg.prior_long_min_size {
+                        || clock.saturating_sub(last_free) >= self.prior_burst_allocs);
+                if burst && f.size >= self.prior_long_min_size {
                     Lifetime::Long
                 } else if cs.n > 0 {
                     cs.class
@@ -494,7 +522,7 @@ impl Classifier {
         // The coarse (size-only) prior learns from one free in COARSE_SAMPLE: it only has to track
         // the class mix of a size bucket, and sampling keeps its shared cache lines mostly read-only.
         if s.alloc_clock % COARSE_SAMPLE == 0 || s.slot == NO_SLOT {
-            let sc = size_class(size, self.cfg.size_sub_bits);
+            let sc = size_class(size, self.size_sub_bits);
             observe_atomic(&self.coarse[sc as usize], actual, 1, self.decay_num);
         }
         self.confusion.add(s.predicted, actual, size);
@@ -536,7 +564,7 @@ impl Classifier {
             let la = now.saturating_sub(s.alloc_clock);
             let lb = nowb.wrapping_sub(s.byte_clock);
             let lb = if lb > 1 << 62 { 0 } else { lb };
-            if self.cfg.short.fits(la, lb) {
+            if self.short.fits(la, lb) {
                 self.stats.censored.fetch_add(1, Ordering::Relaxed);
             } else {
                 self.stats.finished.fetch_add(1, Ordering::Relaxed);
