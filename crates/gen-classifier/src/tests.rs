@@ -379,6 +379,14 @@ fn shared_between_threads() {
 fn the_per_call_fields_fill_the_first_two_cache_lines() {
     use std::mem::{align_of, offset_of};
     assert_eq!(align_of::<Classifier>(), 64);
-    assert_eq!(offset_of!(Classifier, marked), 64, "line 0: clocks and the key table");
-    assert_eq!(offset_of!(Classifier, prior_burst_allocs), 128, "line 1: the copied configuration");
+    assert_eq!(
+        offset_of!(Classifier, marked),
+        64,
+        "line 0: clocks and the key table"
+    );
+    assert_eq!(
+        offset_of!(Classifier, prior_burst_allocs),
+        128,
+        "line 1: the copied configuration"
+    );
 }

@@ -1407,7 +1407,11 @@ mod layout_tests {
     #[test]
     fn the_per_call_words_take_two_cache_lines() {
         assert_eq!(align_of::<Hot>(), 64);
-        assert_eq!(offset_of!(Hot, tiers), 64, "line 0: counters, stream flags, routing");
+        assert_eq!(
+            offset_of!(Hot, tiers),
+            64,
+            "line 0: counters, stream flags, routing"
+        );
         assert_eq!(size_of::<Hot>(), 128, "line 1: the per-tier counters");
     }
 }
