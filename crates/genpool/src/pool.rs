@@ -83,34 +83,42 @@ struct TierCounters {
 }
 
 /// One device's generational pool. `Send + Sync`: allocate and free from any thread.
+///
+/// `repr(C)`, in this order: the per-call words ([`Hot`]), the classifier (whose own per-call fields lead
+/// it), then one cache line of the references every call follows (page pool, extent arenas, metadata
+/// table, plan, the planner's window clock), then the tiers. Rust's default order (by alignment) put
+/// these references on three or four lines of a ~5.7 KB struct.
+#[repr(C)]
 pub struct Pool {
-    device: Arc<dyn Device>,
-    cfg: Config,
-    pages: Arc<PagePool>,
+    /// The words every call reads or writes outside its tier, in two cache lines.
+    hot: Hot,
     classifier: Classifier,
-    slab: Slab,
+    // One line (64 bytes): what the hot paths dereference next.
+    pages: Arc<PagePool>,
     /// The extent arenas: one, or one per predicted generation (short, mid, long) with
     /// `extent_generations`. Their address ranges are disjoint; a block is freed to the one owning it.
-    extents: Vec<ExtentArena>,
-    buddy: Buddy,
+    extents: Box<[ExtentArena]>,
+    meta: MetaTable,
     /// Periodic plans for large blocks (see `Config::plan`): the planner and the range it serves from.
-    plan: Option<PlanTier>,
+    plan: Option<Box<PlanTier>>,
+    /// Large allocations counted by `Pool::planner_awake`, page moves at its last check, its verdict.
+    plan_clock: AtomicU64,
+    /// Windows in a row with no page moved and no plan in use.
+    plan_quiet: AtomicU64,
+    // The rest.
+    slab: Slab,
+    device: Arc<dyn Device>,
+    cfg: Config,
+    buddy: Buddy,
     stream: Option<StreamPool>,
     extent_cache: StreamCache,
     buddy_cache: StreamCache,
-    meta: MetaTable,
-    /// The words every call reads or writes outside its tier, in two cache lines.
-    hot: Hot,
     ooms: AtomicU64,
     retries: AtomicU64,
     invalid_frees: AtomicU64,
     /// See `Pool::mark_iteration`.
     iterations: parking_lot::Mutex<IterationClock>,
-    /// Large allocations counted by `Pool::planner_awake`, page moves at its last check, its verdict.
-    plan_clock: AtomicU64,
     plan_steals: AtomicU64,
-    /// Windows in a row with no page moved and no plan in use.
-    plan_quiet: AtomicU64,
     /// Windows in a row the planner was awake with nothing to show: no period recorded, packed, ready
     /// or served (see `Pool::planner_awake`).
     plan_fruitless: AtomicU64,
@@ -398,12 +406,12 @@ impl Pool {
                 )
                 .map_err(tier_err)
             })
-            .collect::<Result<Vec<_>>>()?;
+            .collect::<Result<Box<[_]>>>()?;
         let buddy = Buddy::new(&pages, BuddyConfig::default()).map_err(tier_err)?;
         let plan = if cfg.plan {
             // A plan can never map more than the device holds.
             let va = props.total_mem.div_ceil(page).max(1) * page;
-            Some(PlanTier {
+            Some(Box::new(PlanTier {
                 inner: parking_lot::Mutex::new(PlanInner {
                     planner: Planner::new(PlanConfig {
                         max_period: cfg.plan_max_period,
@@ -420,7 +428,7 @@ impl Pool {
                     moving_periods: 0,
                 }),
                 region: Region::new(&pages, va, "gen-plan").map_err(tier_err)?,
-            })
+            }))
         } else {
             None
         };
@@ -1048,7 +1056,7 @@ impl Pool {
                     log::error!("genpool: trimming the stream pool: {e}");
                 }
             }
-            for a in &self.extents {
+            for a in self.extents.iter() {
                 a.trim();
             }
             self.buddy.trim();
@@ -1413,5 +1421,17 @@ mod layout_tests {
             "line 0: counters, stream flags, routing"
         );
         assert_eq!(size_of::<Hot>(), 128, "line 1: the per-tier counters");
+    }
+
+    #[test]
+    fn the_references_every_call_follows_share_one_line() {
+        use super::Pool;
+        let at = offset_of!(Pool, pages);
+        assert_eq!(at % 64, 0, "the line starts on a line");
+        assert_eq!(
+            offset_of!(Pool, slab) - at,
+            64,
+            "pages, extents, meta, plan, plan clocks: one line"
+        );
     }
 }
