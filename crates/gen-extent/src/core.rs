@@ -253,9 +253,7 @@ impl ExtentCore {
         let size = round_size(size)?;
         let (ext_size, off) = if self.first_fit {
             let (_, o, s) = self
-                .bins
-                .iter()
-                .flat_map(Bin::iter)
+                .free_extents_unordered()
                 .filter(|&&(s, _)| s >= size)
                 .map(|&(s, o)| (o, o, s))
                 .min()?;
@@ -322,9 +320,7 @@ impl ExtentCore {
         if let Some(start) = self.tags.get(end | END) {
             return (start <= offset).then_some((start, end - start));
         }
-        self.bins
-            .iter()
-            .flat_map(Bin::iter)
+        self.free_extents_unordered()
             .find(|&&(s, o)| o <= offset && end <= o + s)
             .map(|&(s, o)| (o, s))
     }
@@ -423,12 +419,21 @@ impl ExtentCore {
         self.free_count -= 1;
     }
 
+    /// Every free extent as `(size, offset)`, bin by bin through the bitmap (empty bins are skipped).
+    fn free_extents_unordered(&self) -> impl Iterator<Item = &(u64, u64)> + '_ {
+        let mut next = self.next_bin(0);
+        std::iter::from_fn(move || {
+            let b = next?;
+            next = self.next_bin(b + 1);
+            Some(b)
+        })
+        .flat_map(|b| self.bins[b].iter())
+    }
+
     /// The free extents as `(offset, length)`, sorted by offset.
     pub fn free_ranges(&self) -> Vec<(u64, u64)> {
         let mut v: Vec<(u64, u64)> = self
-            .bins
-            .iter()
-            .flat_map(Bin::iter)
+            .free_extents_unordered()
             .map(|&(s, o)| (o, s))
             .collect();
         v.sort_unstable();
