@@ -260,12 +260,9 @@ impl ExtentCore {
             self.unbin(o, s);
             (s, o)
         } else {
-            let (b, e) = self.best(size)?;
-            self.bins[b].remove(e);
-            if self.bins[b].is_empty() {
-                self.nonempty[b / 64] &= !(1 << (b % 64));
-            }
-            e
+            let (_, (s, o)) = self.best(size)?;
+            self.unbin(o, s);
+            (s, o)
         };
         self.free_count -= 1;
         // The start tag turns live in place; the remainder gets a start tag and takes over the end tag.

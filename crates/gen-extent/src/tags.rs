@@ -35,59 +35,45 @@ impl Tags {
         (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize & self.mask
     }
 
-    /// The value under `key`.
+    /// The slot holding `key`, or `Err(the empty slot where it would go)`.
     #[inline]
-    pub(crate) fn get(&self, key: u64) -> Option<u64> {
+    fn find(&self, key: u64) -> Result<usize, usize> {
         debug_assert_ne!(key, EMPTY);
         let mut i = self.home(key);
         loop {
-            let (k, v) = self.slots[i];
-            if k == key {
-                return Some(v);
+            match self.slots[i].0 {
+                k if k == key => return Ok(i),
+                EMPTY => return Err(i),
+                _ => i = (i + 1) & self.mask,
             }
-            if k == EMPTY {
-                return None;
-            }
-            i = (i + 1) & self.mask;
         }
+    }
+
+    /// The value under `key`.
+    #[inline]
+    pub(crate) fn get(&self, key: u64) -> Option<u64> {
+        self.find(key).ok().map(|i| self.slots[i].1)
     }
 
     /// Insert or overwrite; returns the previous value.
     pub(crate) fn insert(&mut self, key: u64, val: u64) -> Option<u64> {
-        debug_assert_ne!(key, EMPTY);
         if 2 * (self.len + 1) > self.slots.len() {
             self.grow();
         }
-        let mut i = self.home(key);
-        loop {
-            let (k, v) = self.slots[i];
-            if k == key {
-                self.slots[i].1 = val;
-                return Some(v);
-            }
-            if k == EMPTY {
+        match self.find(key) {
+            Ok(i) => Some(std::mem::replace(&mut self.slots[i].1, val)),
+            Err(i) => {
                 self.slots[i] = (key, val);
                 self.len += 1;
-                return None;
+                None
             }
-            i = (i + 1) & self.mask;
         }
     }
 
     /// Remove `key`; returns its value.
     pub(crate) fn remove(&mut self, key: u64) -> Option<u64> {
-        debug_assert_ne!(key, EMPTY);
-        let mut i = self.home(key);
-        let val = loop {
-            let (k, v) = self.slots[i];
-            if k == key {
-                break v;
-            }
-            if k == EMPTY {
-                return None;
-            }
-            i = (i + 1) & self.mask;
-        };
+        let i = self.find(key).ok()?;
+        let val = self.slots[i].1;
         // Backward-shift deletion: pull later entries of the probe run into the hole when their home
         // does not lie cyclically in (hole, j].
         let mut hole = i;
