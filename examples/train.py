@@ -71,11 +71,16 @@ def parse_args(argv=None):
     p.add_argument("--lockstep", action="store_true",
                    help="driven by examples/ab_steps.py: print 'ready', then run one step per 'go' line on stdin, "
                         "synchronize, and print 'step I MS'")
+    p.add_argument("--record-trace", type=Path, default=None,
+                   help="native only: record every allocation and free (PyTorch's memory history) and write "
+                        "them as a genpool trace (gzip'd CSV, shared/traces/README.md) to this path")
     p.add_argument("--genpool-timing", action="store_true",
                    help="GENPOOL_TIMING=1: genpool times its malloc/free calls on the host (a little overhead)")
     args = p.parse_args(argv)
     if args.sample_ms < 0:
         p.error("--sample-ms must not be negative")
+    if args.record_trace is not None and args.allocator != "native":
+        p.error("--record-trace needs --allocator native (it reads PyTorch's own allocator's history)")
     if args.steps < 1 or args.warmup < 0 or args.check_steps < 1:
         p.error("--steps and --check-steps must be at least 1, --warmup at least 0")
     return args
@@ -291,6 +296,9 @@ def train(args) -> dict:
     device = torch.device("cuda", 0)
     if sampler is not None:
         sampler.start()
+    if args.record_trace is not None:
+        torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python",
+                                                 max_entries=3_000_000)
 
     model, opt, step_fn = build(args, torch, device)
     if args.lockstep:
@@ -333,6 +341,7 @@ def train(args) -> dict:
         for i, (value, ms) in enumerate(zip(losses, times)):
             print(f"step {i:4d}  loss {value!r}  time {ms:9.2f} ms", flush=True)
     timed = times[warmup:]
+    recorded = write_trace(args.record_trace, torch) if args.record_trace is not None else None
     result = {
         "model": args.model,
         "allocator": args.allocator,
@@ -352,6 +361,8 @@ def train(args) -> dict:
         "gpu": torch.cuda.get_device_name(0),
         "torch": torch.__version__,
     }
+    if recorded is not None:
+        result["trace"] = recorded
     if gp is not None:
         s = gp.raw_stats(0)
         result["allocator_reserved_peak"] = s["reserved_peak"]
@@ -383,6 +394,23 @@ def train(args) -> dict:
           f"({result['peak_method']}); allocator reserved peak "
           f"{result.get('allocator_reserved_peak', 0) / 2**20:.1f} MiB", file=sys.stderr if args.json else sys.stdout)
     return result
+
+
+def write_trace(path: Path, torch) -> dict:
+    """Write the allocation history recorded since the model was built as a genpool trace at ``path``
+    (python/genpool_torch/capture.py's conversion); returns its summary."""
+    try:
+        from genpool_torch import capture
+    except ImportError:
+        sys.path.insert(0, str(REPO / "python"))
+        from genpool_torch import capture
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    conv = capture.convert(snap["device_traces"][torch.cuda.current_device()])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    capture.write_csv(path, conv.rows)
+    return {"path": str(path), "events": len(conv.rows), "allocs": conv.allocs, "frees": conv.frees,
+            "peak_live": conv.peak_live, "skipped_frees": conv.skipped_frees}
 
 
 def one_step(gp, opt, step_fn, i):

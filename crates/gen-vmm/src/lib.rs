@@ -40,8 +40,22 @@
 //!
 //! So in single-stream training a page move costs a map now and an unmap later, never a device
 //! synchronize.
+//!
+//! # Moves undone
+//!
+//! With [`PagePoolConfig::keep_old_mappings`] the old mapping is not unmapped once idle: it stays,
+//! unused (it adds no physical memory: the page is the same). When its address needs a page again while
+//! the page it maps is free where it went (or cached unmapped), the page comes back through it — no map,
+//! no access change, no unmap, no synchronize with one stream ([`PagePoolStats::returns`]) — and the
+//! address it leaves keeps an old mapping in turn. A training loop whose layout alternates between a few
+//! arrangements (random sequence lengths, or a best-fit layout that shifts between iterations) moves
+//! its pages back and forth this way for free once each arrangement has been seen. Where the page is in
+//! use elsewhere, the old mapping is unmapped then (after its fence) and the address gets a page as
+//! usual. At most as many old mappings as pages held are kept, the oldest idle ones unmapped first;
+//! [`PagePool::release_unused`] and a region's drop unmap them all. Driver calls per move avoided, H200:
+//! `cuMemMap` ~3 µs, `cuMemSetAccess` ~23 µs, `cuMemUnmap` ~16 µs (docs/BENCHMARKS.md).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -109,6 +123,13 @@ pub struct PagePoolConfig {
     /// Unmap a page as soon as its last reference goes (keeping the handle cached) instead of leaving it
     /// mapped for a cheap revival. Slower; makes use-after-free of device memory fault (tests, debugging).
     pub eager_unmap: bool,
+    /// Leave the old mapping of a moved page in place (unused, no driver call) instead of unmapping it
+    /// once idle, so that a page needed again at an address it left takes it back with no driver call
+    /// while it is free at its new address ([`PagePoolStats::returns`]; see the crate docs, "Moves
+    /// undone"). At most as many old mappings as pages held are kept (the oldest idle ones go first);
+    /// [`PagePool::release_unused`] and a region's drop unmap them all. Off: old mappings are unmapped
+    /// as soon as their fence completes.
+    pub keep_old_mappings: bool,
 }
 
 /// Counters of a [`PagePool`].
@@ -143,8 +164,12 @@ pub struct PagePoolStats {
     pub syncs: u64,
     /// Fences (events) recorded to learn when freed pages and old mappings are idle.
     pub fences: u64,
-    /// Old mappings left behind by aliasing moves and not unmapped yet.
+    /// Old mappings left behind by moves and not unmapped yet.
     pub zombies: u64,
+    /// Pages needed again at an address they had moved from, taken back there while free at their new
+    /// address (or cached unmapped) through the old mapping left in place: a move undone with no driver
+    /// call (with [`PagePoolConfig::keep_old_mappings`]). Not counted in `steals`.
+    pub returns: u64,
     /// Wall time spent in commits that moved pages (their driver calls included), in nanoseconds.
     pub move_ns: u64,
     /// Pages revived in place with no driver call.
@@ -243,10 +268,19 @@ mod page_hot_tests {
 #[derive(Clone, Copy, Debug, Default)]
 struct Page {
     handle: Option<PhysHandle>,
-    /// `Some(epoch)`: the address still maps a physical page that an aliasing move gave to another
-    /// address (a zombie mapping); it is unmapped once a fence of `epoch` or later completes. The page
-    /// has no handle of its own meanwhile.
-    zombie: Option<u64>,
+    /// The address still maps a physical page that a move gave to another address (a *zombie*
+    /// mapping); the page has no handle of its own meanwhile.
+    zombie: Option<Zombie>,
+}
+
+/// An old mapping left at an address by a move (see [`Page::zombie`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Zombie {
+    /// Work queued before the move may still use the mapping: it may be unmapped once a fence of this
+    /// epoch or later has completed.
+    epoch: u64,
+    /// The physical page it maps (now owned by another address, cached, or mapped nowhere else).
+    handle: PhysHandle,
 }
 
 struct RegionPages {
@@ -283,7 +317,16 @@ struct Inner {
     /// Zombie mappings in the order they were made: (epoch, region, page). Entries whose page is no
     /// longer a zombie of that epoch are skipped.
     zombies: VecDeque<(u64, u32, u32)>,
+    /// Where each physical page mapped as some address's own page is: handle -> (region, page). Kept
+    /// for [`PagePoolConfig::keep_old_mappings`] (a move is undone only if the page is free where it is
+    /// now); updated on the map / unmap / move paths only, never on a revival.
+    owners: HashMap<u64, (u32, u32)>,
+    /// A zombie made during this commit may still be in use: the commit records a fence at its end.
+    unfenced: bool,
 }
+
+/// Old mappings kept at least, with [`PagePoolConfig::keep_old_mappings`] (else as many as pages held).
+const MIN_OLD_MAPPINGS: u64 = 64;
 
 /// Fences kept outstanding at most; past this the oldest is waited for (bounds the queue when the device
 /// lags far behind).
@@ -340,6 +383,8 @@ impl PagePool {
                 fences: VecDeque::new(),
                 spare_events: Vec::new(),
                 zombies: VecDeque::new(),
+                owners: HashMap::new(),
+                unfenced: false,
             }),
             slack: AtomicU64::new(slack.to_bits()),
         }))
@@ -379,7 +424,7 @@ impl PagePool {
         if !g.free_mapped.is_empty() || !g.zombies.is_empty() {
             self.device.synchronize()?;
             self.all_complete(&mut g);
-            self.reap_zombies(&mut g)?;
+            self.reap_zombies(&mut g, true)?;
         }
         let mut released = 0u64;
         while let Some((rid, pidx)) = pop_free_mapped(&mut g) {
@@ -424,11 +469,12 @@ impl PagePool {
     }
 
     /// Tell the pool the device has just been synchronized: every page freed so far is idle, and old
-    /// mappings left by aliasing moves can go.
+    /// mappings left by moves can go (those past the number kept, with
+    /// [`PagePoolConfig::keep_old_mappings`]).
     pub fn synchronized(&self) {
         let mut g = self.inner.lock();
         self.all_complete(&mut g);
-        if let Err(e) = self.reap_zombies(&mut g) {
+        if let Err(e) = self.reap_zombies(&mut g, false) {
             log::error!("gen-vmm: unmapping old mappings after a synchronize: {e}");
         }
     }
@@ -513,37 +559,64 @@ impl PagePool {
         Ok(())
     }
 
-    /// Unmap the zombie mappings whose fence has completed, a run of consecutive pages per call.
-    fn reap_zombies(&self, g: &mut Inner) -> Result<(), VmmError> {
+    /// Unmap the zombie mappings whose fence has completed, oldest first: all of them (`all`, or without
+    /// [`PagePoolConfig::keep_old_mappings`]), else only those past the number kept.
+    fn reap_zombies(&self, g: &mut Inner, all: bool) -> Result<(), VmmError> {
+        let keep = if all || !self.cfg.keep_old_mappings {
+            0
+        } else {
+            g.stats.pages_held.max(MIN_OLD_MAPPINGS)
+        };
+        let mut live = g.stats.zombies;
         let mut ready = Vec::new();
-        while let Some(&(epoch, rid, pidx)) = g.zombies.front() {
+        while live > keep {
+            let Some(&(epoch, rid, pidx)) = g.zombies.front() else {
+                break;
+            };
             if epoch >= g.done_epoch {
                 break;
             }
             g.zombies.pop_front();
-            let still = g
-                .regions
-                .get(rid as usize)
-                .and_then(Option::as_ref)
-                .is_some_and(|r| r.pages[pidx as usize].zombie == Some(epoch));
-            if still {
+            if zombie_epoch(g, rid, pidx) == Some(epoch) {
                 ready.push((rid, pidx));
+                live -= 1;
             }
         }
-        ready.sort_unstable();
+        // Entries of moves since undone stay queued until they reach the front: drop them when they
+        // outnumber the live ones (kept mappings may never reach the front).
+        if g.zombies.len() as u64 > 2 * g.stats.zombies + 64 {
+            let Inner {
+                zombies, regions, ..
+            } = g;
+            zombies.retain(|&(epoch, rid, pidx)| {
+                regions
+                    .get(rid as usize)
+                    .and_then(Option::as_ref)
+                    .and_then(|r| r.pages[pidx as usize].zombie)
+                    .is_some_and(|z| z.epoch == epoch)
+            });
+        }
+        self.unmap_zombies(g, ready)
+    }
+
+    /// Unmap the zombie mappings at `pages` (region, page), whose work is known complete; a run of
+    /// consecutive pages per call. On failure they stay zombies, queued again.
+    fn unmap_zombies(&self, g: &mut Inner, mut pages: Vec<(u32, u32)>) -> Result<(), VmmError> {
+        pages.sort_unstable();
+        pages.dedup();
         let mut first_err = None;
         let mut i = 0;
-        while i < ready.len() {
-            let (rid, p0) = ready[i];
+        while i < pages.len() {
+            let (rid, p0) = pages[i];
             let mut j = i + 1;
-            while j < ready.len() && ready[j] == (rid, p0 + (j - i) as u32) {
+            while j < pages.len() && pages[j] == (rid, p0 + (j - i) as u32) {
                 j += 1;
             }
-            let r = g.regions[rid as usize].as_mut().expect("checked above");
+            let r = g.regions[rid as usize].as_mut().expect("registered region");
             let va = r.base + p0 as u64 * self.page;
             match self.device.unmap(va, (j - i) as u64 * self.page) {
                 Ok(()) => {
-                    for &(_, q) in &ready[i..j] {
+                    for &(_, q) in &pages[i..j] {
                         r.pages[q as usize].zombie = None;
                     }
                     g.stats.unmaps += (j - i) as u64;
@@ -551,9 +624,9 @@ impl PagePool {
                 }
                 Err(e) => {
                     // Left as zombies (mapped, no handle): a later synchronize path retries them.
-                    for &(_, q) in &ready[i..j] {
-                        let epoch = r.pages[q as usize].zombie.expect("checked above");
-                        g.zombies.push_back((epoch, rid, q));
+                    for &(_, q) in &pages[i..j] {
+                        let z = r.pages[q as usize].zombie.expect("a zombie");
+                        g.zombies.push_back((z.epoch, rid, q));
                     }
                     first_err.get_or_insert(VmmError::from(e));
                 }
@@ -561,6 +634,24 @@ impl PagePool {
             i = j;
         }
         first_err.map_or(Ok(()), Err)
+    }
+
+    /// Make `(rid, pidx)` a zombie mapping of `handle`, which moves elsewhere (or back). `warm`: work
+    /// queued before now may still use it (a fence recorded at the end of the commit covers it).
+    fn make_zombie(g: &mut Inner, rid: u32, pidx: u32, handle: PhysHandle, warm: bool) {
+        let epoch = if warm {
+            g.unfenced = true;
+            g.epoch
+        } else {
+            // Idle already: any completed epoch (a page is cold only once some fence has completed).
+            g.done_epoch.saturating_sub(1)
+        };
+        let r = g.regions[rid as usize].as_mut().expect("registered region");
+        let p = &mut r.pages[pidx as usize];
+        debug_assert!(p.handle.is_none() && p.zombie.is_none());
+        p.zombie = Some(Zombie { epoch, handle });
+        g.zombies.push_back((epoch, rid, pidx));
+        g.stats.zombies += 1;
     }
 
     /// Make the zombie mapping under `(rid, pidx)` go now: waits for its fence (recording one first if
@@ -575,7 +666,7 @@ impl PagePool {
         let epoch = {
             let r = g.regions[rid as usize].as_ref().expect("registered region");
             match r.pages[pidx as usize].zombie {
-                Some(e) => e,
+                Some(z) => z.epoch,
                 None => return Ok(()),
             }
         };
@@ -595,7 +686,11 @@ impl PagePool {
                 g.stats.syncs += 1;
             }
         }
-        self.reap_zombies(g)?;
+        self.reap_zombies(g, false)?;
+        if zombie_epoch(g, rid, pidx).is_some() {
+            // Kept (keep_old_mappings) and idle now: this one goes.
+            self.unmap_zombies(g, vec![(rid, pidx)])?;
+        }
         let r = g.regions[rid as usize].as_ref().expect("registered region");
         debug_assert!(
             r.pages[pidx as usize].zombie.is_none(),
@@ -632,6 +727,7 @@ impl PagePool {
         self.device.unmap(va, self.page)?;
         p.handle = None;
         r.hot[pidx as usize].set_backed(false);
+        g.owners.remove(&handle.0);
         g.stats.unmaps += 1;
         Ok(handle)
     }
@@ -697,18 +793,17 @@ impl PagePool {
         // Pass 2: back the rest. First learn which fences completed and drop the old mappings they free.
         if !unbacked.is_empty() && (!g.fences.is_empty() || !g.zombies.is_empty()) {
             self.poll_fences(&mut g);
-            if let Err(e) = self.reap_zombies(&mut g) {
+            if let Err(e) = self.reap_zombies(&mut g, false) {
                 log::error!("gen-vmm: unmapping old mappings: {e}");
             }
         }
-        let aliases_before = g.stats.aliases;
         let steals_before = g.stats.steals;
         let t0 = (!unbacked.is_empty()).then(std::time::Instant::now);
         let res = self.back_pages(&mut g, rid, first, last, &unbacked, grow, &mut synced);
         if let Some(t0) = t0.filter(|_| g.stats.steals != steals_before) {
             g.stats.move_ns += t0.elapsed().as_nanos() as u64;
         }
-        if g.stats.aliases != aliases_before && !self.record_fence(&mut g) {
+        if std::mem::take(&mut g.unfenced) && !self.record_fence(&mut g) {
             // No fence: the zombies wait for the next synchronize (release, region drop, or a commit that
             // needs one of their addresses).
             log::debug!("gen-vmm: no fence for the old mappings of this commit");
@@ -734,20 +829,31 @@ impl PagePool {
     ) -> Result<(), VmmError> {
         // Take a physical page for each unbacked page first (counted in use as it is taken, so the
         // headroom rule sees the commit grow), then map them in runs of consecutive pages: one access
-        // call per run instead of one per page.
-        let mut got: Vec<PhysHandle> = Vec::with_capacity(unbacked.len());
+        // call per run instead of one per page. A page taken back through its old mapping here needs
+        // no map: it is committed at once.
+        let mut got: Vec<(u32, PhysHandle)> = Vec::with_capacity(unbacked.len());
+        let mut returned: Vec<u32> = Vec::new();
         let mut fail = None;
         for &pidx in unbacked {
             match self.take_page(g, rid, pidx, grow, synced) {
-                Ok(h) => {
-                    got.push(h);
-                    g.stats.pages_in_use += 1;
-                    g.stats.pages_in_use_peak = g.stats.pages_in_use_peak.max(g.stats.pages_in_use);
+                Ok(Taken::Mapped(h)) => {
+                    let r = g.regions[rid as usize].as_mut().expect("registered region");
+                    r.pages[pidx as usize].handle = Some(h);
+                    r.hot[pidx as usize].refs = 1;
+                    r.hot[pidx as usize].set_backed(true);
+                    r.in_use += 1;
+                    g.owners.insert(h.0, (rid, pidx));
+                    returned.push(pidx);
                 }
+                Ok(Taken::Unmapped(h)) => got.push((pidx, h)),
                 Err(e) => {
                     fail = Some(e);
                     break;
                 }
+            }
+            if fail.is_none() {
+                g.stats.pages_in_use += 1;
+                g.stats.pages_in_use_peak = g.stats.pages_in_use_peak.max(g.stats.pages_in_use);
             }
         }
         let mut mapped = 0;
@@ -756,25 +862,28 @@ impl PagePool {
                 .as_ref()
                 .expect("registered region")
                 .base;
+            let handles: Vec<PhysHandle> = got.iter().map(|&(_, h)| h).collect();
             let mut i = 0;
             while i < got.len() {
                 let mut j = i + 1;
-                while j < got.len() && unbacked[j] == unbacked[j - 1] + 1 {
+                while j < got.len() && got[j].0 == got[j - 1].0 + 1 {
                     j += 1;
                 }
-                let va = base + unbacked[i] as u64 * self.page;
-                if let Err(e) = self.device.map_run(va, self.page, &got[i..j]) {
+                let va = base + got[i].0 as u64 * self.page;
+                if let Err(e) = self.device.map_run(va, self.page, &handles[i..j]) {
                     fail = Some(e.into());
                     break;
                 }
                 let r = g.regions[rid as usize].as_mut().expect("registered region");
-                for k in i..j {
-                    let q = unbacked[k] as usize;
-                    r.pages[q].handle = Some(got[k]);
-                    r.hot[q].refs = 1;
-                    r.hot[q].set_backed(true);
+                for &(q, h) in &got[i..j] {
+                    r.pages[q as usize].handle = Some(h);
+                    r.hot[q as usize].refs = 1;
+                    r.hot[q as usize].set_backed(true);
                 }
                 r.in_use += (j - i) as u64;
+                for &(q, h) in &got[i..j] {
+                    g.owners.insert(h.0, (rid, q));
+                }
                 g.stats.maps += (j - i) as u64;
                 mapped = j;
                 i = j;
@@ -783,10 +892,16 @@ impl PagePool {
         if let Some(e) = fail {
             // Pages taken but not mapped: keep their handles cached rather than lose them.
             g.stats.pages_in_use -= (got.len() - mapped) as u64;
-            g.free_handles.extend_from_slice(&got[mapped..]);
-            // Roll back: every page of the range holds one reference from us, except unbacked[mapped..].
+            g.free_handles.extend(got[mapped..].iter().map(|&(_, h)| h));
+            // Roll back: every page of the range holds one reference from us except the unbacked pages
+            // that were neither taken back nor mapped.
+            let committed = |q: u32| {
+                !unbacked.contains(&q)
+                    || returned.contains(&q)
+                    || got[..mapped].iter().any(|&(p, _)| p == q)
+            };
             for q in first..=last {
-                if !unbacked[mapped..].contains(&(q as u32)) {
+                if committed(q as u32) {
                     self.decommit_locked(g, rid, q, q);
                 }
             }
@@ -804,14 +919,18 @@ impl PagePool {
         pidx: u32,
         grow: bool,
         synced: &mut bool,
-    ) -> Result<PhysHandle, VmmError> {
+    ) -> Result<Taken, VmmError> {
         debug_assert!(g.regions[rid as usize]
             .as_ref()
             .expect("registered region")
             .pages[pidx as usize]
             .handle
             .is_none());
-        // An old mapping left here by an aliasing move must go before a page can be mapped.
+        // An old mapping left here by a move: take its page back if it is free, else it must go before
+        // a page can be mapped.
+        if let Some(h) = self.take_back(g, rid, pidx, synced)? {
+            return Ok(Taken::Mapped(h));
+        }
         self.clear_zombie(g, rid, pidx, synced)?;
         // Within the headroom (and the limit), a new page is cheaper than moving one.
         let headroom = (g.stats.pages_in_use_peak as f64 * (1.0 + self.slack())).ceil() as u64;
@@ -820,7 +939,7 @@ impl PagePool {
             .limit
             .is_none_or(|l| (g.stats.pages_held + 1) * self.page <= l);
         let create_first = grow && g.stats.pages_held < headroom && under_limit;
-        Ok(if let Some(h) = g.free_handles.pop() {
+        Ok(Taken::Unmapped(if let Some(h) = g.free_handles.pop() {
             h
         } else if !create_first {
             match self.steal(g, rid, pidx, synced)? {
@@ -829,7 +948,61 @@ impl PagePool {
             }
         } else {
             self.create(g, true, rid, pidx, synced)?
-        })
+        }))
+    }
+
+    /// With an old mapping of page `h` left at `(rid, pidx)` by a move: when `h` is free where it is now
+    /// (or cached unmapped), take it back here with no driver call — its address there becomes the old
+    /// mapping. `None`: no old mapping here, or its page is in use.
+    fn take_back(
+        &self,
+        g: &mut Inner,
+        rid: u32,
+        pidx: u32,
+        synced: &mut bool,
+    ) -> Result<Option<PhysHandle>, VmmError> {
+        let Some(z) = g.regions[rid as usize]
+            .as_ref()
+            .expect("registered region")
+            .pages[pidx as usize]
+            .zombie
+        else {
+            return Ok(None);
+        };
+        let h = z.handle;
+        if let Some(&(orid, opidx)) = g.owners.get(&h.0) {
+            let hot = g.regions[orid as usize]
+                .as_ref()
+                .expect("registered region")
+                .hot[opidx as usize];
+            if hot.refs > 0 {
+                return Ok(None);
+            }
+            debug_assert!(hot.backed());
+            let mut warm = hot.warm(g.done_epoch);
+            if warm && g.fence_stream.is_none() {
+                // Several streams: its last users may run on another stream than the next ones.
+                self.sync_all(g, synced)?;
+                warm = false;
+            }
+            g.free_mapped.remove(&(opidx, orid));
+            let r = g.regions[orid as usize]
+                .as_mut()
+                .expect("registered region");
+            r.pages[opidx as usize].handle = None;
+            r.hot[opidx as usize].set_backed(false);
+            Self::make_zombie(g, orid, opidx, h, warm);
+        } else if let Some(i) = g.free_handles.iter().position(|&c| c == h) {
+            // Unmapped from its last owner and cached: the old mapping here is its only one.
+            g.free_handles.swap_remove(i);
+        } else {
+            return Ok(None);
+        }
+        let r = g.regions[rid as usize].as_mut().expect("registered region");
+        r.pages[pidx as usize].zombie = None;
+        g.stats.zombies -= 1;
+        g.stats.returns += 1;
+        Ok(Some(h))
     }
 
     /// Unmap the free page with the highest index (never `(rid, pidx)`) and return its handle; `None`
@@ -844,35 +1017,40 @@ impl PagePool {
         let Some((orid, opidx)) = pop_free_mapped_excluding(g, rid, pidx) else {
             return Ok(None);
         };
-        let warm = {
+        let mut warm = {
             let r = g.regions[orid as usize]
                 .as_ref()
                 .expect("registered region");
             r.hot[opidx as usize].warm(g.done_epoch)
         };
-        if warm {
-            if g.fence_stream.is_some() {
-                // Warm, one stream: alias. The physical page serves the new address from now on (stream
-                // order puts the new work after the old); the old mapping stays until a fence recorded
-                // after this commit completes.
-                let epoch = g.epoch;
-                let r = g.regions[orid as usize]
-                    .as_mut()
-                    .expect("registered region");
-                let p = &mut r.pages[opidx as usize];
-                let h = p.handle.take().expect("free-mapped page has a handle");
-                p.zombie = Some(epoch);
-                r.hot[opidx as usize].set_backed(false);
-                g.zombies.push_back((epoch, orid, opidx));
-                g.stats.zombies += 1;
-                g.stats.aliases += 1;
-                g.stats.steals += 1;
-                return Ok(Some(h));
-            }
+        if warm && g.fence_stream.is_none() {
+            // Warm, several streams: its last users may run on another stream than the next ones.
             if let Err(e) = self.sync_all(g, synced) {
                 g.free_mapped.insert((opidx, orid));
                 return Err(e);
             }
+            warm = false;
+        }
+        if warm || self.cfg.keep_old_mappings {
+            // Warm, one stream: alias. The physical page serves the new address from now on (stream
+            // order puts the new work after the old); the old mapping stays until a fence recorded
+            // after this commit completes — or, keeping old mappings, until it is needed (a move back
+            // through it costs no driver call).
+            let r = g.regions[orid as usize]
+                .as_mut()
+                .expect("registered region");
+            let h = r.pages[opidx as usize]
+                .handle
+                .take()
+                .expect("free-mapped page has a handle");
+            r.hot[opidx as usize].set_backed(false);
+            g.owners.remove(&h.0);
+            Self::make_zombie(g, orid, opidx, h, warm);
+            if warm {
+                g.stats.aliases += 1;
+            }
+            g.stats.steals += 1;
+            return Ok(Some(h));
         }
         match self.unmap_page(g, orid, opidx) {
             Ok(h) => {
@@ -1018,6 +1196,7 @@ impl PagePool {
             let r = g.regions[rid as usize].as_mut().expect("registered region");
             r.pages[pidx].handle = None;
             r.hot[pidx] = PageHot::default();
+            g.owners.remove(&p.handle.expect("checked above").0);
             match self.device.unmap(base + pidx as u64 * self.page, self.page) {
                 Ok(()) => {
                     g.stats.unmaps += 1;
@@ -1090,6 +1269,15 @@ fn take_backed(g: &mut Inner, rid: u32, first: u64, last: u64) -> Vec<u32> {
     unbacked
 }
 
+/// The epoch of the zombie mapping at `(rid, pidx)`, if there is one (`None` too for a dropped region).
+fn zombie_epoch(g: &Inner, rid: u32, pidx: u32) -> Option<u64> {
+    g.regions
+        .get(rid as usize)
+        .and_then(Option::as_ref)
+        .and_then(|r| r.pages[pidx as usize].zombie)
+        .map(|z| z.epoch)
+}
+
 fn pop_free_mapped(g: &mut Inner) -> Option<(u32, u32)> {
     g.free_mapped.pop_last().map(|(pidx, rid)| (rid, pidx))
 }
@@ -1102,6 +1290,14 @@ fn pop_free_mapped_excluding(g: &mut Inner, rid: u32, pidx: u32) -> Option<(u32,
         "an unbacked page is never free-mapped"
     );
     Some((orid, opidx))
+}
+
+/// A physical page found for an unbacked page (see `PagePool::take_page`).
+enum Taken {
+    /// Already mapped at the page's address (taken back through an old mapping).
+    Mapped(PhysHandle),
+    /// To be mapped there.
+    Unmapped(PhysHandle),
 }
 
 /// A reserved range of device virtual addresses whose pages are mapped on demand from a [`PagePool`].

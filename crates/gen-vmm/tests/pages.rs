@@ -223,14 +223,18 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: if cfg!(miri) { 4 } else { 64 }, ..ProptestConfig::default() })]
+    // PROPTEST_CASES raises the count for a longer soak.
+    #![proptest_config(ProptestConfig {
+        cases: if cfg!(miri) { 4 } else { std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(64) },
+        ..ProptestConfig::default()
+    })]
 
     /// Against a model: refcounts per page equal the number of live ranges touching it; pages held never
     /// exceed the model's peak of touched pages; everything returns when all ranges are decommitted.
     #[test]
-    fn page_model(ops in proptest::collection::vec(op(), 1..60), solo in any::<bool>()) {
+    fn page_model(ops in proptest::collection::vec(op(), 1..60), solo in any::<bool>(), keep in any::<bool>()) {
         let dev = Arc::new(SimDevice::config().capacity(64 * MIB).build().unwrap());
-        let pool = pool_with(&dev, PagePoolConfig::default());
+        let pool = pool_with(&dev, PagePoolConfig { keep_old_mappings: keep, ..Default::default() });
         if solo {
             // Moves alias pages and unmap the old mappings once fences complete.
             pool.set_fence_stream(Some(0));
@@ -273,6 +277,9 @@ proptest! {
             prop_assert_eq!(s.pages_in_use, refs.len() as u64);
             prop_assert!(oomed || s.pages_peak <= peak_touched, "held peak {} > touched peak {}", s.pages_peak, peak_touched);
             prop_assert_eq!(s.pages_held, s.pages_in_use + s.pages_free_mapped + s.pages_free_unmapped);
+            prop_assert!(s.zombies <= s.pages_held.max(64) + 16, "{:?}", s);
+            // Every mapping the device has is a page's own or an old mapping the pool knows of.
+            prop_assert_eq!(dev.outstanding().mappings as u64, s.pages_in_use + s.pages_free_mapped + s.zombies);
         }
         for (r, o, l) in live.drain(..) {
             regions[r].decommit(o, l);
@@ -431,4 +438,176 @@ fn slack_creates_within_headroom_instead_of_moving_pages() {
         r.commit(16 * MIB, 4 * MIB, false).unwrap();
         assert_eq!(pool.stats().pages_held, want_held);
     }
+}
+
+fn keeping() -> PagePoolConfig {
+    PagePoolConfig {
+        keep_old_mappings: true,
+        ..Default::default()
+    }
+}
+
+/// Keeping old mappings: a page moved away and needed again at its first address comes back through the
+/// mapping it left there — no map, no unmap, no synchronize — its address in between becoming the old
+/// mapping; the data written through either address is the same physical memory.
+#[test]
+fn moved_pages_come_back_through_their_old_mappings() {
+    let dev = Arc::new(SimDevice::config().backed(true).build().unwrap());
+    let pool = pool_with(&dev, keeping());
+    pool.set_fence_stream(Some(0));
+    let r = Region::new(&pool, 64 * MIB, "t").unwrap();
+    r.commit(0, 4 * MIB, true).unwrap(); // pages 0-1
+    r.decommit(0, 4 * MIB);
+    r.commit(32 * MIB, 4 * MIB, true).unwrap(); // pages 0-1 move to 16-17; 0-1 keep old mappings
+    let s = pool.stats();
+    assert_eq!((s.steals, s.zombies, s.returns, s.unmaps), (2, 2, 0, 0));
+    // A pattern through every byte of the new address (which page went where is the pool's business).
+    let pattern: Vec<u8> = (0..4 * MIB).map(|i| (i / PAGE) as u8 + 7).collect();
+    dev.write(r.base() + 32 * MIB, &pattern).unwrap();
+    r.decommit(32 * MIB, 4 * MIB);
+    let before = dev.calls();
+    r.commit(0, 4 * MIB, true).unwrap(); // back at 0-1 through the old mappings
+    let d = dev.calls().since(&before);
+    assert_eq!(
+        (
+            d.get(CallKind::Map),
+            d.get(CallKind::Unmap),
+            d.get(CallKind::Synchronize),
+            d.get(CallKind::PhysCreate)
+        ),
+        (0, 0, 0, 0),
+        "{d:?}"
+    );
+    let s = pool.stats();
+    assert_eq!(
+        (s.steals, s.returns, s.zombies, s.pages_held, s.pages_in_use),
+        (2, 2, 2, 2, 2)
+    );
+    let mut back = vec![0u8; 4 * MIB as usize];
+    dev.read(r.base(), &mut back).unwrap();
+    // Each page came back to the address it left, which the move had filled highest page first.
+    let mut halves: Vec<&[u8]> = back.chunks(PAGE as usize).collect();
+    halves.reverse();
+    assert!(
+        halves.concat() == pattern,
+        "the same physical pages, at the addresses they left"
+    );
+    // And forth again: 16-17 take their pages back the same way.
+    r.decommit(0, 4 * MIB);
+    r.commit(32 * MIB, 4 * MIB, true).unwrap();
+    assert_eq!(dev.calls().since(&before).get(CallKind::Map), 0);
+    assert_eq!(pool.stats().returns, 4);
+    // Releasing unmaps the old mappings too: nothing is left mapped.
+    r.decommit(32 * MIB, 4 * MIB);
+    pool.release_unused().unwrap();
+    let s = pool.stats();
+    assert_eq!((s.pages_held, s.zombies), (0, 0), "{s:?}");
+    assert_eq!(dev.outstanding().mappings, 0);
+}
+
+/// An old mapping whose page is in use at its new address cannot bring it back: it is unmapped, and the
+/// address gets another page (here a new one: nothing else is free).
+#[test]
+fn an_old_mapping_of_a_page_in_use_makes_way() {
+    let dev = Arc::new(SimDevice::new());
+    let pool = pool_with(&dev, keeping());
+    pool.set_fence_stream(Some(0));
+    let r = Region::new(&pool, 64 * MIB, "t").unwrap();
+    r.commit(0, 2 * MIB, true).unwrap();
+    r.decommit(0, 2 * MIB);
+    r.commit(32 * MIB, 2 * MIB, true).unwrap(); // page 0 moves to 16, still in use there
+    let before = dev.calls();
+    r.commit(0, 2 * MIB, true).unwrap();
+    let d = dev.calls().since(&before);
+    assert_eq!(
+        (
+            d.get(CallKind::Unmap),
+            d.get(CallKind::PhysCreate),
+            d.get(CallKind::Map)
+        ),
+        (1, 1, 1),
+        "{d:?}"
+    );
+    let s = pool.stats();
+    assert_eq!((s.returns, s.zombies, s.pages_held), (0, 0, 2), "{s:?}");
+    r.decommit(0, 2 * MIB);
+    r.decommit(32 * MIB, 2 * MIB);
+}
+
+/// A page unmapped from its last owner and cached (its region dropped) still comes back through an old
+/// mapping left in another region, with no driver call.
+#[test]
+fn a_cached_page_comes_back_through_its_old_mapping() {
+    let dev = Arc::new(SimDevice::new());
+    let pool = pool_with(&dev, keeping());
+    let a = Region::new(&pool, 16 * MIB, "a").unwrap();
+    let b = Region::new(&pool, 16 * MIB, "b").unwrap();
+    a.commit(0, 2 * MIB, true).unwrap();
+    a.decommit(0, 2 * MIB);
+    b.commit(0, 2 * MIB, true).unwrap(); // a's page moves to b; a keeps an old mapping of it
+    b.decommit(0, 2 * MIB);
+    drop(b); // unmaps b's page and caches its handle
+    assert_eq!(pool.stats().pages_free_unmapped, 1);
+    let before = dev.calls();
+    a.commit(0, 2 * MIB, true).unwrap();
+    let d = dev.calls().since(&before);
+    assert_eq!(
+        (d.get(CallKind::Map), d.get(CallKind::Unmap)),
+        (0, 0),
+        "{d:?}"
+    );
+    let s = pool.stats();
+    assert_eq!((s.returns, s.zombies, s.pages_free_unmapped), (1, 0, 0));
+    a.decommit(0, 2 * MIB);
+    drop(a);
+    drop(pool);
+    let out = dev.outstanding();
+    assert_eq!((out.mappings, out.phys_handles), (0, 0), "{out:?}");
+}
+
+/// Old mappings kept are bounded: past the pages held (at least 64), the oldest idle ones are unmapped.
+#[test]
+fn old_mappings_kept_are_bounded() {
+    let dev = Arc::new(SimDevice::new());
+    let pool = pool_with(&dev, keeping());
+    let r = Region::new(&pool, 1024 * MIB, "t").unwrap();
+    // Two pages walk through 200 addresses: each step leaves two old mappings behind.
+    for k in 0..200u64 {
+        r.commit(k * 4 * MIB, 4 * MIB, true).unwrap();
+        r.decommit(k * 4 * MIB, 4 * MIB);
+        pool.synchronized(); // idle: old mappings may go
+    }
+    let s = pool.stats();
+    assert_eq!(s.pages_held, 2);
+    assert!(s.zombies <= 64, "{s:?}");
+    assert!(s.unmaps >= 2 * 199 - 64, "{s:?}");
+    assert_eq!(
+        dev.outstanding().mappings as u64,
+        s.pages_free_mapped + s.zombies
+    );
+}
+
+/// Several streams: a page taken back while work queued before its last free may still run (on any
+/// stream) waits for one synchronize first, as a move would.
+#[test]
+fn several_streams_take_a_busy_page_back_after_one_synchronize() {
+    let dev = Arc::new(SimDevice::new());
+    let pool = pool_with(&dev, keeping());
+    let r = Region::new(&pool, 64 * MIB, "t").unwrap();
+    r.commit(0, 2 * MIB, true).unwrap();
+    r.decommit(0, 2 * MIB);
+    pool.synchronized();
+    r.commit(32 * MIB, 2 * MIB, true).unwrap(); // cold: moves with no synchronize
+    assert_eq!(pool.stats().syncs, 0);
+    r.decommit(32 * MIB, 2 * MIB); // freed after the last synchronize: warm
+    let before = dev.calls();
+    r.commit(0, 2 * MIB, true).unwrap();
+    let d = dev.calls().since(&before);
+    assert_eq!(
+        (d.get(CallKind::Synchronize), d.get(CallKind::Map)),
+        (1, 0),
+        "{d:?}"
+    );
+    assert_eq!(pool.stats().returns, 1);
+    r.decommit(0, 2 * MIB);
 }

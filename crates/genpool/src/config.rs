@@ -68,6 +68,7 @@ pub const VALID_KEYS: &[&str] = &[
     "mid_horizon",
     "page_slack",
     "page_slack_max",
+    "page_keep_old_mappings",
     "move_budget",
     "long_tier",
     "placement_candidates",
@@ -116,6 +117,10 @@ pub struct Config {
     /// With iteration marks ([`crate::Pool::mark_iteration`], the PyTorch plug-in's `step()`): the most the
     /// page headroom may grow to keep page moves within `move_budget`. 0 = never grow.
     pub page_slack_max: f64,
+    /// Leave a moved page's old mapping in place, unused, so that a page needed again at an address it
+    /// moved from takes it back with no driver call while it is free at its new address (see
+    /// `gen_vmm::PagePoolConfig::keep_old_mappings`). Off: old mappings are unmapped once idle.
+    pub page_keep_old_mappings: bool,
     /// With iteration marks: the share of an iteration's wall time page moves may take. When an
     /// iteration (after the first three) spends more, the headroom grows by half a percent per budget
     /// spent (at most two percent at a time), up to `page_slack_max` (default 8 %): a page costs 2 MiB
@@ -169,6 +174,7 @@ impl Default for Config {
             mid_horizon: 0,
             page_slack: 0.0,
             page_slack_max: 0.08,
+            page_keep_old_mappings: true,
             move_budget: 0.005,
             placement_candidates: 1,
             extent_generations: false,
@@ -283,6 +289,9 @@ impl Config {
                 self.limit = if v == 0 { None } else { Some(v) };
             }
             "eager_unmap" => self.eager_unmap = parse_bool(value).map_err(bad)?,
+            "page_keep_old_mappings" => {
+                self.page_keep_old_mappings = parse_bool(value).map_err(bad)?
+            }
             "cache_max_bytes" => self.cache_max_bytes = parse_bytes(value).map_err(bad)?,
             "pool_release_threshold" => {
                 self.pool_release_threshold = parse_bytes(value).map_err(bad)?

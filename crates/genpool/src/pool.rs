@@ -347,6 +347,7 @@ impl Pool {
                 limit: cfg.limit,
                 eager_unmap: cfg.eager_unmap,
                 slack: cfg.page_slack,
+                keep_old_mappings: cfg.page_keep_old_mappings,
             },
         )
         .map_err(|e| match e {

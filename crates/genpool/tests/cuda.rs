@@ -178,6 +178,46 @@ fn one_stream_moves_busy_pages_without_synchronizing() {
     assert_eq!(pool.stats().pages.zombies, 0);
 }
 
+/// Moved pages come back through their old mappings (the default `page_keep_old_mappings`): x's pages
+/// move under y; y is freed with the stream still busy writing it; a block at x's address again takes
+/// them back with no map, unmap or synchronize (the pages are mapped there still), and stream order keeps
+/// the data right — y's late pattern lands first, through the other address, then the new block's.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn moved_pages_come_back_through_their_old_mappings() {
+    let Some(dev) = device() else { return };
+    let t = TwoStreams::new(dev.clone());
+    let pool = Pool::new(dev.clone(), Config::default()).unwrap();
+    let x = pool.alloc(64 * MIB, t.a, hint(Lifetime::Short)).unwrap();
+    let keep = pool.alloc(MIB, t.a, hint(Lifetime::Long)).unwrap();
+    pool.free(x.ptr, t.a).unwrap();
+    // Too big for x's hole: placed past `keep`, on x's pages (moved) and new ones.
+    let y = pool.alloc(100 * MIB, t.a, hint(Lifetime::Short)).unwrap();
+    let moved = pool.stats().pages;
+    assert!(moved.steals >= 30, "x's pages moved: {moved:?}");
+    t.queue_slow_then_pattern(y);
+    pool.free(y.ptr, t.a).unwrap();
+    let x2 = pool.alloc(64 * MIB, t.a, hint(Lifetime::Short)).unwrap();
+    let a_was_busy = !t.a_done();
+    dev.memset_async(x2.ptr, PAT_B, x2.size, t.a).unwrap();
+    let s = pool.stats().pages;
+    eprintln!("pages after the way back: {s:?}; stream busy during it: {a_was_busy}");
+    assert_eq!(x2.ptr, x.ptr, "best fit puts x2 in x's hole");
+    assert!(s.returns - moved.returns >= 30, "{s:?}");
+    assert_eq!((s.maps, s.unmaps), (moved.maps, moved.unmaps), "{s:?}");
+    assert_eq!(s.syncs, 0, "{s:?}");
+    if !under_sanitizer() {
+        assert!(a_was_busy, "the host waited for the stream");
+    }
+    let (_, b) = t.settle_and_count(x2.ptr, x2.size);
+    assert_eq!(b as u64, x2.size, "every byte of x2 reads its own pattern");
+    pool.free(x2.ptr, t.a).unwrap();
+    pool.free(keep.ptr, t.a).unwrap();
+    pool.trim();
+    assert_eq!(pool.reserved_now(), 0);
+    assert_eq!(pool.stats().pages.zombies, 0);
+}
+
 /// Out of memory on a capped pool: a typed error with its breakdown, then the pool serves again.
 #[test]
 #[ignore = "needs a CUDA GPU"]

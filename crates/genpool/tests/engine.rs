@@ -539,9 +539,11 @@ fn replay_prefix(trace: &gen_trace::Trace, len: usize, conf: &str) -> genpool::P
 }
 
 /// The periodic plan on real traces (issue #5's page moves): on GPT-2's fixed-shape loop the arena's
-/// best-fit layout moves ~860 pages every iteration; the pinned plan, once served, moves none — the
-/// last fifth of the run (two iterations and more) moves no page — and holds no more than the
-/// arena did. On ResNet-50, whose layout already repeats in place, the plan is never served.
+/// best-fit layout moves ~860 pages every iteration (with old mappings unmapped: kept, those moves are
+/// undone for free — `moved_pages_come_back_through_old_mappings_on_gpt2` — and no plan is needed); the
+/// pinned plan, once served, moves none — the last fifth of the run (two iterations and more) moves no
+/// page — and holds no more than the arena did. On ResNet-50, whose layout already repeats in place, the
+/// plan is never served.
 #[test]
 fn pinned_plans_stop_page_moves_where_the_layout_shifts_and_only_there() {
     let Some(dir) = trace_dir() else {
@@ -549,12 +551,12 @@ fn pinned_plans_stop_page_moves_where_the_layout_shifts_and_only_there() {
         return;
     };
     // Packed on the allocating thread: the prefix and the whole run must make the same decisions.
-    let conf = "plan:true,plan_pin:true,plan_background:false";
+    let conf = "plan:true,plan_pin:true,plan_background:false,page_keep_old_mappings:false";
     let gpt2 = &gen_trace::load_path(&dir.join("gpt2_train_fixed.csv.gz")).unwrap()[0];
     let (n, cut) = (gpt2.events.len(), gpt2.events.len() * 4 / 5);
     let moves = |s: &genpool::PoolStats| s.pages.steals;
     let (plan_cut, plan_all) = (replay_prefix(gpt2, cut, conf), replay_prefix(gpt2, n, conf));
-    let arena = "plan:false";
+    let arena = "plan:false,page_keep_old_mappings:false";
     let (dflt_cut, dflt_all) = (
         replay_prefix(gpt2, cut, arena),
         replay_prefix(gpt2, n, arena),
@@ -630,7 +632,10 @@ fn iteration_marks_grow_page_headroom_until_moves_stop() {
         )
     };
     // 8 of ~76 pages move each time: a headroom of ~11 % stops that (the default cap, 8 %, would not).
-    let (moves, slack, held, in_use, slacks) = run("plan:false,page_slack_max:0.2", true);
+    let (moves, slack, held, in_use, slacks) = run(
+        "plan:false,page_slack_max:0.2,page_keep_old_mappings:false",
+        true,
+    );
     // Growth follows the overshoot: here moves are a large share of an iteration's time (no device
     // work), so the first growth is more than half a percent (up to four budgets' worth, 2 %).
     let first = slacks
@@ -652,7 +657,7 @@ fn iteration_marks_grow_page_headroom_until_moves_stop() {
         held as f64 <= (in_use as f64 * (1.0 + slack)).ceil(),
         "{held} pages held, {in_use} in use"
     );
-    let (moves, slack, ..) = run("plan:false", true);
+    let (moves, slack, ..) = run("plan:false,page_keep_old_mappings:false", true);
     assert!(
         (slack - 0.08).abs() < 1e-9,
         "capped at page_slack_max: {slack}"
@@ -661,14 +666,27 @@ fn iteration_marks_grow_page_headroom_until_moves_stop() {
         moves[34..].iter().sum::<u64>() > 0,
         "too little headroom: {moves:?}"
     );
-    let (moves, slack, ..) = run("plan:false", false);
+    let (moves, slack, ..) = run("plan:false,page_keep_old_mappings:false", false);
     assert_eq!(slack, 0.0);
     assert!(
         moves[30..].iter().sum::<u64>() > 0,
         "no marks: still moving {moves:?}"
     );
-    let (_, slack, ..) = run("plan:false,page_slack_max:0", true);
+    let (_, slack, ..) = run(
+        "plan:false,page_slack_max:0,page_keep_old_mappings:false",
+        true,
+    );
     assert_eq!(slack, 0.0);
+    // Keeping old mappings (the default), the two shapes' pages move back and forth through the
+    // mappings each left behind: after the first iterations no page moves for a driver call, and the
+    // headroom never needs to grow.
+    let (moves, slack, held, in_use, _) = run("plan:false", true);
+    assert!(
+        moves[..4].iter().sum::<u64>() > 0,
+        "the first shapes move pages: {moves:?}"
+    );
+    assert_eq!(moves[4..].iter().sum::<u64>(), 0, "{moves:?}");
+    assert_eq!((slack, held), (0.0, in_use));
 }
 
 /// A loop whose layout repeats in place (no page ever moves) needs no plan: the planner falls asleep
@@ -734,15 +752,60 @@ fn the_planner_gives_up_on_random_shapes_and_not_on_a_loop() {
         eprintln!("SKIP the_planner_gives_up_on_random_shapes...: ../shared/traces not found");
         return;
     };
-    let conf = "plan_background:false";
+    // Old mappings unmapped: random shapes keep moving pages, which keeps the planner looking.
+    let conf = "plan_background:false,page_keep_old_mappings:false";
     let varlen = &gen_trace::load_path(&dir.join("gpt2m_train_varlen.csv.gz")).unwrap()[0];
     let s = replay_prefix(varlen, varlen.events.len(), conf);
     assert!(s.pages.steals > 0, "{:?}", s.pages);
     assert!(s.plan.snoozes >= 1 && s.plan.period == 0, "{:?}", s.plan);
-    let without = replay_prefix(varlen, varlen.events.len(), "plan:false");
+    let without = replay_prefix(
+        varlen,
+        varlen.events.len(),
+        "plan:false,page_keep_old_mappings:false",
+    );
     assert_eq!(s.reserved_peak, without.reserved_peak);
     let gpt2 = &gen_trace::load_path(&dir.join("gpt2_train_fixed.csv.gz")).unwrap()[0];
     let s = replay_prefix(gpt2, gpt2.events.len(), conf);
     assert!(s.plan.active && s.plan.hits > 0, "{:?}", s.plan);
     assert_eq!(s.plan.snoozes, 0, "{:?}", s.plan);
+}
+
+/// Old mappings kept (the default): on GPT-2's fixed-shape loop, whose best-fit layout alternates between
+/// arrangements, a page needed again at an address it moved from is taken back through the mapping it
+/// left there. After the first iterations every move is undone that way — no page moves for a driver
+/// call, no plan is needed — and the pool holds no more pages than with old mappings unmapped and
+/// the plan serving the loop.
+#[test]
+fn moved_pages_come_back_through_old_mappings_on_gpt2() {
+    let Some(dir) = trace_dir() else {
+        eprintln!("SKIP moved_pages_come_back...: ../shared/traces not found");
+        return;
+    };
+    let gpt2 = &gen_trace::load_path(&dir.join("gpt2_train_fixed.csv.gz")).unwrap()[0];
+    let (n, cut) = (gpt2.events.len(), gpt2.events.len() * 3 / 4);
+    let conf = "plan_background:false";
+    let (at_cut, all) = (replay_prefix(gpt2, cut, conf), replay_prefix(gpt2, n, conf));
+    assert_eq!(
+        all.pages.steals, at_cut.pages.steals,
+        "a page moved in the last quarter: {:?}",
+        all.pages
+    );
+    assert!(
+        all.pages.returns - at_cut.pages.returns > 1000,
+        "moves undone through old mappings: {:?}",
+        all.pages
+    );
+    assert_eq!(all.pages.maps, at_cut.pages.maps, "no page mapped");
+    let old = replay_prefix(
+        gpt2,
+        n,
+        "plan_background:false,page_keep_old_mappings:false",
+    );
+    assert!(
+        all.pages.pages_peak <= old.pages.pages_peak,
+        "{} pages held keeping old mappings, {} without",
+        all.pages.pages_peak,
+        old.pages.pages_peak
+    );
+    assert!(all.pages.zombies <= all.pages.pages_held.max(64));
 }
