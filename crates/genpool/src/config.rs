@@ -73,6 +73,7 @@ pub const VALID_KEYS: &[&str] = &[
     "long_tier",
     "placement_candidates",
     "extent_generations",
+    "stream_arenas",
     "plan",
     "plan_max_period",
     "plan_min_moves",
@@ -133,6 +134,13 @@ pub struct Config {
     /// Give each predicted generation (short / mid / long) its own extent arena — its own range of
     /// address space over the shared page pool — instead of one arena for all.
     pub extent_generations: bool,
+    /// Several streams: give each stream after the first an extent arena of its own (up to four; later
+    /// streams share one), so that a block freed on the stream that allocates from its arena goes straight
+    /// back to it — stream order makes that safe, as with one stream — instead of through the exact-size
+    /// stream caches, whose blocks keep their pages. Pages still flow between the arenas through the
+    /// page pool. Off (or with `extent_generations`): one arena, every free through the caches once a
+    /// second stream is seen.
+    pub stream_arenas: bool,
     /// Periodic plans (gen-plan): detect a repeating allocation sequence (a training iteration), pack one
     /// period offline and serve it from one mapped range — no search, no page moves in steady state.
     /// Allocations that do not match the plan go to the tiers as usual. Single-stream only. On by
@@ -178,6 +186,7 @@ impl Default for Config {
             move_budget: 0.005,
             placement_candidates: 1,
             extent_generations: false,
+            stream_arenas: true,
             plan: true,
             plan_max_period: 8192,
             plan_min_moves: 0.005,
@@ -330,6 +339,7 @@ impl Config {
             }
             "plan_min_moves" => self.plan_min_moves = parse_fraction(value).map_err(bad)?,
             "extent_generations" => self.extent_generations = parse_bool(value).map_err(bad)?,
+            "stream_arenas" => self.stream_arenas = parse_bool(value).map_err(bad)?,
             "page_slack_max" => self.page_slack_max = parse_fraction(value).map_err(bad)?,
             "move_budget" => self.move_budget = parse_fraction(value).map_err(bad)?,
             "page_slack" => self.page_slack = parse_fraction(value).map_err(bad)?,

@@ -1,7 +1,7 @@
 //! The engine: classify, route, serve from a tier's cache or the tier, and keep the books.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use gen_buddy::{Buddy, BuddyConfig, BuddyError};
 use gen_classifier::{Classifier, ClassifierConfig, Features, Lifetime};
@@ -126,6 +126,86 @@ pub struct Pool {
     plan_snooze: AtomicU64,
     plan_backoff: AtomicU64,
     plan_snoozes: AtomicU64,
+    /// With `Config::stream_arenas`: the extent arenas of streams after the first.
+    stream_arenas: Option<Box<StreamArenas>>,
+}
+
+/// Streams after the first that get an extent arena of their own (see `Config::stream_arenas`).
+const STREAM_ARENAS: usize = 4;
+
+/// VA of a stream's own arena, in multiples of the device's memory (the first stream's arena has eight:
+/// streams after the first carry little in the programs measured — a prefetched batch, a serving
+/// request — and each arena's page table costs host memory in proportion).
+const STREAM_ARENA_VA: u64 = 2;
+
+const STREAM_ARENA_NAMES: [&str; STREAM_ARENAS] = [
+    "gen-extent/stream-1",
+    "gen-extent/stream-2",
+    "gen-extent/stream-3",
+    "gen-extent/stream-4",
+];
+
+/// The extent arenas of streams after the first (`Config::stream_arenas`). A slot's arena is made at its
+/// stream's first large allocation and kept; only that stream allocates from it, so a block it frees on
+/// that stream goes straight back (stream order), as in the one-stream case. Streams past the slots share
+/// `shared`, whose frees always go through the stream caches.
+struct StreamArenas {
+    /// The stream each slot belongs to (`NO_STREAM`: free), published once the slot's arena is set.
+    ids: [AtomicU64; STREAM_ARENAS],
+    arenas: [OnceLock<ExtentArena>; STREAM_ARENAS],
+    shared: OnceLock<ExtentArena>,
+    /// Serializes slot claims (once per stream).
+    claim: parking_lot::Mutex<()>,
+    va_bytes: u64,
+    placement_candidates: usize,
+}
+
+impl StreamArenas {
+    /// The arena `stream` allocates from, made on its first use.
+    fn arena(&self, pages: &Arc<PagePool>, stream: StreamId) -> Result<&ExtentArena, ExtentError> {
+        if let Some(a) = self.find(stream) {
+            return Ok(a);
+        }
+        let _g = self.claim.lock();
+        if let Some(a) = self.find(stream) {
+            return Ok(a);
+        }
+        let cfg = |name| ExtentConfig {
+            va_bytes: self.va_bytes,
+            placement_candidates: self.placement_candidates,
+            name,
+        };
+        if let Some(i) = self.ids.iter().position(|id| id.load(Relaxed) == NO_STREAM) {
+            let a = ExtentArena::new(pages, cfg(STREAM_ARENA_NAMES[i]))?;
+            if self.arenas[i].set(a).is_err() {
+                unreachable!("a free slot has no arena");
+            }
+            self.ids[i].store(stream, Ordering::Release);
+            return Ok(self.arenas[i].get().expect("just set"));
+        }
+        if let Some(a) = self.shared.get() {
+            return Ok(a);
+        }
+        let a = ExtentArena::new(pages, cfg("gen-extent/streams"))?;
+        Ok(self.shared.get_or_init(|| a))
+    }
+
+    fn find(&self, stream: StreamId) -> Option<&ExtentArena> {
+        let i = self
+            .ids
+            .iter()
+            .position(|id| id.load(Ordering::Acquire) == stream)?;
+        self.arenas[i].get()
+    }
+
+    /// Every arena made so far, with the one stream that allocates from it (`None`: shared).
+    fn all(&self) -> impl Iterator<Item = (&ExtentArena, Option<StreamId>)> {
+        self.arenas
+            .iter()
+            .zip(&self.ids)
+            .filter_map(|(a, id)| a.get().map(|a| (a, Some(id.load(Ordering::Acquire)))))
+            .chain(self.shared.get().map(|a| (a, None)))
+    }
 }
 
 /// What every allocation and free reads or writes outside its tier, packed into two cache lines. Inside
@@ -409,6 +489,19 @@ impl Pool {
             })
             .collect::<Result<Box<[_]>>>()?;
         let buddy = Buddy::new(&pages, BuddyConfig::default()).map_err(tier_err)?;
+        let stream_arenas = (cfg.stream_arenas && !cfg.extent_generations).then(|| {
+            Box::new(StreamArenas {
+                ids: std::array::from_fn(|_| AtomicU64::new(NO_STREAM)),
+                arenas: std::array::from_fn(|_| OnceLock::new()),
+                shared: OnceLock::new(),
+                claim: parking_lot::Mutex::new(()),
+                va_bytes: (props.total_mem.saturating_mul(STREAM_ARENA_VA))
+                    .div_ceil(page)
+                    .max(1)
+                    * page,
+                placement_candidates: cfg.placement_candidates,
+            })
+        });
         let plan = if cfg.plan {
             // A plan can never map more than the device holds.
             let va = props.total_mem.div_ceil(page).max(1) * page;
@@ -492,6 +585,7 @@ impl Pool {
             plan_snooze: AtomicU64::new(0),
             plan_backoff: AtomicU64::new(PLAN_SNOOZE_FIRST),
             plan_snoozes: AtomicU64::new(0),
+            stream_arenas,
         })
     }
 
@@ -987,10 +1081,37 @@ impl Pool {
         &self.extents[i.min(self.extents.len() - 1)]
     }
 
+    /// Every extent arena, with the one stream that allocates from it (`None`: several may). The first
+    /// stream's arena (or the generations') comes first.
+    fn extent_arenas(&self) -> impl Iterator<Item = (&ExtentArena, Option<StreamId>)> {
+        let solo = self.hot.solo_stream.load(Relaxed);
+        let own = self.stream_arenas.is_some();
+        self.extents
+            .iter()
+            .map(move |a| (a, own.then_some(solo)))
+            .chain(self.stream_arenas.iter().flat_map(|s| s.all()))
+    }
+
+    /// The arena an extent block of `class` allocated on `stream` comes from: with several streams and
+    /// stream arenas, the stream's own (made on first use) unless it is the first stream.
+    #[inline]
+    fn extent_arena(
+        &self,
+        class: Lifetime,
+        stream: StreamId,
+    ) -> std::result::Result<&ExtentArena, ExtentError> {
+        match &self.stream_arenas {
+            Some(sa) if stream != self.hot.solo_stream.load(Relaxed) => {
+                sa.arena(&self.pages, stream)
+            }
+            _ => Ok(self.extent_for(class)),
+        }
+    }
+
     /// Free an extent block to the arena whose address range holds it.
     fn extent_free(&self, ptr: u64) -> std::result::Result<u64, ExtentError> {
-        match self.extents.iter().find(|a| a.owns(ptr)) {
-            Some(a) => a.free(ptr),
+        match self.extent_arenas().find(|(a, _)| a.owns(ptr)) {
+            Some((a, _)) => a.free(ptr),
             None => Err(ExtentError::InvalidFree { ptr }),
         }
     }
@@ -1014,7 +1135,10 @@ impl Pool {
                 }
                 Err(e) => Attempt::Err(tier_err(e)),
             },
-            Tier::Extent => match self.extent_for(class).alloc(size, grow) {
+            Tier::Extent => match self
+                .extent_arena(class, stream)
+                .and_then(|a| a.alloc(size, grow))
+            {
                 Ok(p) => Attempt::Ok(p, Tier::Extent),
                 Err(ExtentError::WouldGrow { .. }) => Attempt::WouldGrow,
                 Err(ExtentError::Vmm(e)) => e.into(),
@@ -1057,7 +1181,7 @@ impl Pool {
                     log::error!("genpool: trimming the stream pool: {e}");
                 }
             }
-            for a in self.extents.iter() {
+            for (a, _) in self.extent_arenas() {
                 a.trim();
             }
             self.buddy.trim();
@@ -1112,9 +1236,16 @@ impl Pool {
             }
             Tier::Extent => {
                 self.plan_free(meta.ticket, None);
-                self.cache_or_free(&self.extent_cache, ptr, size, stream, |p| {
-                    self.extent_free(p).map(|_| ()).map_err(tier_err)
-                })
+                match self.extent_arenas().find(|(a, _)| a.owns(ptr)) {
+                    // Back to the arena that only `stream` allocates from: stream order makes its reuse
+                    // safe at once, as with one stream (no cache holding the block's pages).
+                    Some((a, Some(home))) if home == stream && !self.hot.caching => {
+                        a.free(ptr).map(|_| ()).map_err(tier_err)
+                    }
+                    _ => self.cache_or_free(&self.extent_cache, ptr, size, stream, |p| {
+                        self.extent_free(p).map(|_| ()).map_err(tier_err)
+                    }),
+                }
             }
             Tier::Buddy => self.cache_or_free(&self.buddy_cache, ptr, size, stream, |p| {
                 self.buddy.free(p).map(|_| ()).map_err(tier_err)
@@ -1296,9 +1427,8 @@ impl Pool {
             Tier::Extent => {
                 // Per-arena peaks occur at different moments: their sum bounds the tier's peak.
                 let (c, p) = self
-                    .extents
-                    .iter()
-                    .map(|a| a.stats())
+                    .extent_arenas()
+                    .map(|(a, _)| a.stats())
                     .fold((0, 0), |(c, p), s| {
                         (c + s.committed_bytes, p + s.peak_committed_bytes)
                     });
@@ -1335,9 +1465,8 @@ impl Pool {
                 })
                 .collect(),
             largest_free_extent: self
-                .extents
-                .iter()
-                .map(|a| a.stats().largest_free_extent)
+                .extent_arenas()
+                .map(|(a, _)| a.stats().largest_free_extent)
                 .max()
                 .unwrap_or(0),
             device_free: self.device.mem_info().ok().map(|(f, _)| f),

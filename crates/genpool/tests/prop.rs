@@ -834,7 +834,13 @@ fn cache_overflow_free_is_stream_ordered() {
 #[test]
 fn cache_solo_drain_is_stream_ordered() {
     let dev = Arc::new(SimDevice::config().capacity(512 * MIB).build().unwrap());
-    let pool = Pool::new(dev.clone() as Arc<dyn Device>, Config::default()).unwrap();
+    // The cache path this regression was in: one extent arena for every stream. (With stream arenas,
+    // `a` goes straight back to `s`'s own arena and `t` allocates elsewhere: `stream_arenas_...` below.)
+    let pool = Pool::new(
+        dev.clone() as Arc<dyn Device>,
+        Config::parse("stream_arenas:false").unwrap(),
+    )
+    .unwrap();
     let (s, t) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
     // The engine sees both streams (small blocks: the slab, not the extent arena's cache).
     for st in [s, t] {
@@ -863,4 +869,59 @@ fn cache_solo_drain_is_stream_ordered() {
         !overlap,
         "{b:?} on stream t reuses {a:?} freed on busy stream s"
     );
+}
+
+/// Stream arenas (the default): a large block freed on the stream that allocated it goes straight back
+/// to that stream's arena — no cache holds its pages — and the stream reuses it at once (stream order),
+/// while another stream, allocating from its own arena, never gets it while work queued on the freeing
+/// stream may still use it. A block freed on another stream than its arena's goes through the stream
+/// cache.
+#[test]
+fn stream_arenas_reuse_within_a_stream_and_never_across_it_early() {
+    let dev = Arc::new(SimDevice::config().capacity(GIB).build().unwrap());
+    // Headroom: the other stream's arena creates pages rather than wait for the paused stream's.
+    let pool = Pool::new(
+        dev.clone() as Arc<dyn Device>,
+        Config::parse("page_slack:1.0").unwrap(),
+    )
+    .unwrap();
+    let (s, t) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
+    for st in [s, t] {
+        let b = pool.alloc(512, st, Hint::NONE).unwrap();
+        pool.free(b.ptr, st).unwrap();
+    }
+    let short = Hint {
+        lifetime: Some(Lifetime::Short),
+        site: None,
+    };
+    for (home, other) in [(s, t), (t, s)] {
+        let a = pool.alloc(8 * MIB, home, short).unwrap();
+        let ev = dev.event_create().unwrap();
+        dev.pause_stream(home).unwrap();
+        dev.event_record(ev, home).unwrap();
+        pool.free(a.ptr, home).unwrap();
+        assert_eq!(pool.cache_stats()[0].puts, 0, "freed straight to its arena");
+        let b = pool.alloc(8 * MIB, other, short).unwrap();
+        assert!(
+            !(b.ptr < a.ptr + a.size && a.ptr < b.ptr + b.size),
+            "{b:?} on the other stream reuses {a:?} freed on a busy stream"
+        );
+        let again = pool.alloc(8 * MIB, home, short).unwrap();
+        assert_eq!(
+            again.ptr, a.ptr,
+            "the freeing stream reuses its block at once"
+        );
+        dev.resume_stream(home).unwrap();
+        dev.event_destroy(ev).unwrap();
+        pool.free(b.ptr, other).unwrap();
+        pool.free(again.ptr, home).unwrap();
+    }
+    // Allocated on `s`, last used (and freed) on `t`: through the cache, never straight back.
+    let c = pool.alloc(8 * MIB, s, short).unwrap();
+    pool.free(c.ptr, t).unwrap();
+    assert_eq!(pool.cache_stats()[0].puts, 1);
+    dev.synchronize().unwrap();
+    assert_eq!(pool.allocated(), 0);
+    pool.trim();
+    assert_eq!(pool.reserved_now(), 0);
 }
