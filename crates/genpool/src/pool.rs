@@ -235,8 +235,9 @@ struct Hot {
     caching: bool,
     /// Whether the stream-ordered tier exists.
     has_stream: bool,
-    /// A second stream has been seen: extent and buddy frees then go through the stream caches, whose
-    /// event-guarded migration keeps a block freed on S from reaching T before S's work is done.
+    /// A second stream has been seen: buddy frees, and extent frees other than a stream's own into its
+    /// own arena (`Config::stream_arenas`), then go through the stream caches, whose event-guarded
+    /// migration keeps a block freed on S from reaching T before S's work is done.
     multi_stream: AtomicBool,
     /// Per tier (the second line).
     tiers: [TierCounters; 4],
