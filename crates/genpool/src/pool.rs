@@ -161,7 +161,8 @@ struct StreamArenas {
 }
 
 impl StreamArenas {
-    /// The arena `stream` allocates from, made on its first use.
+    /// The arena `stream` allocates from, made on its first use. Out of line: one stream never calls it.
+    #[inline(never)]
     fn arena(&self, pages: &Arc<PagePool>, stream: StreamId) -> Result<&ExtentArena, ExtentError> {
         if let Some(a) = self.find(stream) {
             return Ok(a);
@@ -1101,20 +1102,44 @@ impl Pool {
         class: Lifetime,
         stream: StreamId,
     ) -> std::result::Result<&ExtentArena, ExtentError> {
+        // One stream (the common case): decided from the hot line alone, the pool's tail not read.
+        if stream == self.hot.solo_stream.load(Relaxed) {
+            return Ok(self.extent_for(class));
+        }
         match &self.stream_arenas {
-            Some(sa) if stream != self.hot.solo_stream.load(Relaxed) => {
-                sa.arena(&self.pages, stream)
-            }
-            _ => Ok(self.extent_for(class)),
+            Some(sa) => sa.arena(&self.pages, stream),
+            None => Ok(self.extent_for(class)),
         }
     }
 
     /// Free an extent block to the arena whose address range holds it.
     fn extent_free(&self, ptr: u64) -> std::result::Result<u64, ExtentError> {
-        match self.extent_arenas().find(|(a, _)| a.owns(ptr)) {
+        // The first stream's arena (or the generations') first: the stream arenas are not looked at (a
+        // cache line of the pool's tail) unless the block is theirs.
+        if let Some(a) = self.extents.iter().find(|a| a.owns(ptr)) {
+            return a.free(ptr);
+        }
+        match self
+            .stream_arenas
+            .as_ref()
+            .and_then(|sa| sa.all().find(|(a, _)| a.owns(ptr)))
+        {
             Some((a, _)) => a.free(ptr),
             None => Err(ExtentError::InvalidFree { ptr }),
         }
+    }
+
+    /// With several streams and stream arenas: the arena holding `ptr` if `stream` is the one stream that
+    /// allocates from it (a free there may go straight back). Out of line: one stream never calls it.
+    #[inline(never)]
+    fn own_extent_arena(&self, ptr: u64, stream: StreamId) -> Option<&ExtentArena> {
+        let sa = self.stream_arenas.as_ref()?;
+        if stream == self.hot.solo_stream.load(Relaxed) {
+            return self.extents.iter().find(|a| a.owns(ptr));
+        }
+        sa.all()
+            .find(|&(a, home)| home == Some(stream) && a.owns(ptr))
+            .map(|(a, _)| a)
     }
 
     fn attempt(
@@ -1237,13 +1262,17 @@ impl Pool {
             }
             Tier::Extent => {
                 self.plan_free(meta.ticket, None);
-                match self.extent_arenas().find(|(a, _)| a.owns(ptr)) {
-                    // Back to the arena that only `stream` allocates from: stream order makes its reuse
-                    // safe at once, as with one stream (no cache holding the block's pages).
-                    Some((a, Some(home))) if home == stream && !self.hot.caching => {
-                        a.free(ptr).map(|_| ()).map_err(tier_err)
-                    }
-                    _ => self.cache_or_free(&self.extent_cache, ptr, size, stream, |p| {
+                // Several streams: back to the arena that only `stream` allocates from, when the block is
+                // there — stream order makes its reuse safe at once, as with one stream (no cache holding
+                // the block's pages). One stream: `cache_or_free` frees straight back anyway.
+                let own = if self.hot.multi_stream.load(Ordering::Acquire) && !self.hot.caching {
+                    self.own_extent_arena(ptr, stream)
+                } else {
+                    None
+                };
+                match own {
+                    Some(a) => a.free(ptr).map(|_| ()).map_err(tier_err),
+                    None => self.cache_or_free(&self.extent_cache, ptr, size, stream, |p| {
                         self.extent_free(p).map(|_| ()).map_err(tier_err)
                     }),
                 }
