@@ -138,8 +138,9 @@ pub struct Config {
     /// streams share one), so that a block freed on the stream that allocates from its arena goes straight
     /// back to it — stream order makes that safe, as with one stream — instead of through the exact-size
     /// stream caches, whose blocks keep their pages. Pages still flow between the arenas through the
-    /// page pool. Off (or with `extent_generations`): one arena, every free through the caches once a
-    /// second stream is seen.
+    /// page pool. With `extent_generations` the first stream keeps its three generation arenas. Off:
+    /// the first stream's arena(s) for every stream, every free through the caches once a second stream
+    /// is seen.
     pub stream_arenas: bool,
     /// Periodic plans (gen-plan): detect a repeating allocation sequence (a training iteration), pack one
     /// period offline and serve it from one mapped range — no search, no page moves in steady state.

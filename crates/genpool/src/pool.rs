@@ -491,7 +491,7 @@ impl Pool {
             })
             .collect::<Result<Box<[_]>>>()?;
         let buddy = Buddy::new(&pages, BuddyConfig::default()).map_err(tier_err)?;
-        let stream_arenas = (cfg.stream_arenas && !cfg.extent_generations).then(|| {
+        let stream_arenas = cfg.stream_arenas.then(|| {
             Box::new(StreamArenas {
                 ids: std::array::from_fn(|_| AtomicU64::new(NO_STREAM)),
                 arenas: std::array::from_fn(|_| OnceLock::new()),

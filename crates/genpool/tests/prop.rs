@@ -878,13 +878,16 @@ fn cache_solo_drain_is_stream_ordered() {
 /// cache.
 #[test]
 fn stream_arenas_reuse_within_a_stream_and_never_across_it_early() {
+    // With one arena for the first stream, or its three generation arenas.
+    for conf in ["page_slack:1.0", "page_slack:1.0,extent_generations:true"] {
+        stream_arenas_case(conf);
+    }
+}
+
+fn stream_arenas_case(conf: &str) {
     let dev = Arc::new(SimDevice::config().capacity(GIB).build().unwrap());
     // Headroom: the other stream's arena creates pages rather than wait for the paused stream's.
-    let pool = Pool::new(
-        dev.clone() as Arc<dyn Device>,
-        Config::parse("page_slack:1.0").unwrap(),
-    )
-    .unwrap();
+    let pool = Pool::new(dev.clone() as Arc<dyn Device>, Config::parse(conf).unwrap()).unwrap();
     let (s, t) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
     for st in [s, t] {
         let b = pool.alloc(512, st, Hint::NONE).unwrap();
