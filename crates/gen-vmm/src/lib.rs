@@ -577,7 +577,7 @@ impl PagePool {
                 break;
             }
             g.zombies.pop_front();
-            if zombie_epoch(g, rid, pidx) == Some(epoch) {
+            if zombie_epoch(&g.regions, rid, pidx) == Some(epoch) {
                 ready.push((rid, pidx));
                 live -= 1;
             }
@@ -588,13 +588,7 @@ impl PagePool {
             let Inner {
                 zombies, regions, ..
             } = g;
-            zombies.retain(|&(epoch, rid, pidx)| {
-                regions
-                    .get(rid as usize)
-                    .and_then(Option::as_ref)
-                    .and_then(|r| r.pages[pidx as usize].zombie)
-                    .is_some_and(|z| z.epoch == epoch)
-            });
+            zombies.retain(|&(epoch, rid, pidx)| zombie_epoch(regions, rid, pidx) == Some(epoch));
         }
         self.unmap_zombies(g, ready)
     }
@@ -687,7 +681,7 @@ impl PagePool {
             }
         }
         self.reap_zombies(g, false)?;
-        if zombie_epoch(g, rid, pidx).is_some() {
+        if zombie_epoch(&g.regions, rid, pidx).is_some() {
             // Kept (keep_old_mappings) and idle now: this one goes.
             self.unmap_zombies(g, vec![(rid, pidx)])?;
         }
@@ -831,7 +825,9 @@ impl PagePool {
         // headroom rule sees the commit grow), then map them in runs of consecutive pages: one access
         // call per run instead of one per page. A page taken back through its old mapping here needs
         // no map: it is committed at once.
-        let mut got: Vec<(u32, PhysHandle)> = Vec::with_capacity(unbacked.len());
+        // Pages to map (`got_at[k]` gets `got[k]`), in `unbacked` order.
+        let mut got_at: Vec<u32> = Vec::with_capacity(unbacked.len());
+        let mut got: Vec<PhysHandle> = Vec::with_capacity(unbacked.len());
         let mut returned: Vec<u32> = Vec::new();
         let mut fail = None;
         for &pidx in unbacked {
@@ -845,7 +841,10 @@ impl PagePool {
                     g.owners.insert(h.0, (rid, pidx));
                     returned.push(pidx);
                 }
-                Ok(Taken::Unmapped(h)) => got.push((pidx, h)),
+                Ok(Taken::Unmapped(h)) => {
+                    got_at.push(pidx);
+                    got.push(h);
+                }
                 Err(e) => {
                     fail = Some(e);
                     break;
@@ -862,26 +861,25 @@ impl PagePool {
                 .as_ref()
                 .expect("registered region")
                 .base;
-            let handles: Vec<PhysHandle> = got.iter().map(|&(_, h)| h).collect();
             let mut i = 0;
             while i < got.len() {
                 let mut j = i + 1;
-                while j < got.len() && got[j].0 == got[j - 1].0 + 1 {
+                while j < got.len() && got_at[j] == got_at[j - 1] + 1 {
                     j += 1;
                 }
-                let va = base + got[i].0 as u64 * self.page;
-                if let Err(e) = self.device.map_run(va, self.page, &handles[i..j]) {
+                let va = base + got_at[i] as u64 * self.page;
+                if let Err(e) = self.device.map_run(va, self.page, &got[i..j]) {
                     fail = Some(e.into());
                     break;
                 }
                 let r = g.regions[rid as usize].as_mut().expect("registered region");
-                for &(q, h) in &got[i..j] {
+                for (&q, &h) in got_at[i..j].iter().zip(&got[i..j]) {
                     r.pages[q as usize].handle = Some(h);
                     r.hot[q as usize].refs = 1;
                     r.hot[q as usize].set_backed(true);
                 }
                 r.in_use += (j - i) as u64;
-                for &(q, h) in &got[i..j] {
+                for (&q, &h) in got_at[i..j].iter().zip(&got[i..j]) {
                     g.owners.insert(h.0, (rid, q));
                 }
                 g.stats.maps += (j - i) as u64;
@@ -892,13 +890,11 @@ impl PagePool {
         if let Some(e) = fail {
             // Pages taken but not mapped: keep their handles cached rather than lose them.
             g.stats.pages_in_use -= (got.len() - mapped) as u64;
-            g.free_handles.extend(got[mapped..].iter().map(|&(_, h)| h));
+            g.free_handles.extend_from_slice(&got[mapped..]);
             // Roll back: every page of the range holds one reference from us except the unbacked pages
             // that were neither taken back nor mapped.
             let committed = |q: u32| {
-                !unbacked.contains(&q)
-                    || returned.contains(&q)
-                    || got[..mapped].iter().any(|&(p, _)| p == q)
+                !unbacked.contains(&q) || returned.contains(&q) || got_at[..mapped].contains(&q)
             };
             for q in first..=last {
                 if committed(q as u32) {
@@ -979,19 +975,10 @@ impl PagePool {
                 return Ok(None);
             }
             debug_assert!(hot.backed());
-            let mut warm = hot.warm(g.done_epoch);
-            if warm && g.fence_stream.is_none() {
-                // Several streams: its last users may run on another stream than the next ones.
-                self.sync_all(g, synced)?;
-                warm = false;
-            }
+            let warm = self.settle(g, orid, opidx, synced)?;
             g.free_mapped.remove(&(opidx, orid));
-            let r = g.regions[orid as usize]
-                .as_mut()
-                .expect("registered region");
-            r.pages[opidx as usize].handle = None;
-            r.hot[opidx as usize].set_backed(false);
-            Self::make_zombie(g, orid, opidx, h, warm);
+            let left = Self::leave_mapped(g, orid, opidx, warm);
+            debug_assert_eq!(left, h);
         } else if let Some(i) = g.free_handles.iter().position(|&c| c == h) {
             // Unmapped from its last owner and cached: the old mapping here is its only one.
             g.free_handles.swap_remove(i);
@@ -1003,6 +990,42 @@ impl PagePool {
         g.stats.zombies -= 1;
         g.stats.returns += 1;
         Ok(Some(h))
+    }
+
+    /// Whether the free page `(rid, pidx)`, about to serve another address, may still be used by queued
+    /// work. Several streams: a warm page's last users may run on another stream than its next ones, so
+    /// the device is synchronized first (once per commit) and the page is then idle.
+    fn settle(
+        &self,
+        g: &mut Inner,
+        rid: u32,
+        pidx: u32,
+        synced: &mut bool,
+    ) -> Result<bool, VmmError> {
+        let warm = g.regions[rid as usize]
+            .as_ref()
+            .expect("registered region")
+            .hot[pidx as usize]
+            .warm(g.done_epoch);
+        if warm && g.fence_stream.is_none() {
+            self.sync_all(g, synced)?;
+            return Ok(false);
+        }
+        Ok(warm)
+    }
+
+    /// Take the physical page of the free page `(rid, pidx)` (out of the free set already) for another
+    /// address without unmapping it: the address keeps it as an old mapping. Returns the page.
+    fn leave_mapped(g: &mut Inner, rid: u32, pidx: u32, warm: bool) -> PhysHandle {
+        let r = g.regions[rid as usize].as_mut().expect("registered region");
+        let h = r.pages[pidx as usize]
+            .handle
+            .take()
+            .expect("free-mapped page has a handle");
+        r.hot[pidx as usize].set_backed(false);
+        g.owners.remove(&h.0);
+        Self::make_zombie(g, rid, pidx, h, warm);
+        h
     }
 
     /// Unmap the free page with the highest index (never `(rid, pidx)`) and return its handle; `None`
@@ -1017,35 +1040,19 @@ impl PagePool {
         let Some((orid, opidx)) = pop_free_mapped_excluding(g, rid, pidx) else {
             return Ok(None);
         };
-        let mut warm = {
-            let r = g.regions[orid as usize]
-                .as_ref()
-                .expect("registered region");
-            r.hot[opidx as usize].warm(g.done_epoch)
-        };
-        if warm && g.fence_stream.is_none() {
-            // Warm, several streams: its last users may run on another stream than the next ones.
-            if let Err(e) = self.sync_all(g, synced) {
+        let warm = match self.settle(g, orid, opidx, synced) {
+            Ok(warm) => warm,
+            Err(e) => {
                 g.free_mapped.insert((opidx, orid));
                 return Err(e);
             }
-            warm = false;
-        }
+        };
         if warm || self.cfg.keep_old_mappings {
             // Warm, one stream: alias. The physical page serves the new address from now on (stream
             // order puts the new work after the old); the old mapping stays until a fence recorded
             // after this commit completes — or, keeping old mappings, until it is needed (a move back
             // through it costs no driver call).
-            let r = g.regions[orid as usize]
-                .as_mut()
-                .expect("registered region");
-            let h = r.pages[opidx as usize]
-                .handle
-                .take()
-                .expect("free-mapped page has a handle");
-            r.hot[opidx as usize].set_backed(false);
-            g.owners.remove(&h.0);
-            Self::make_zombie(g, orid, opidx, h, warm);
+            let h = Self::leave_mapped(g, orid, opidx, warm);
             if warm {
                 g.stats.aliases += 1;
             }
@@ -1270,8 +1277,8 @@ fn take_backed(g: &mut Inner, rid: u32, first: u64, last: u64) -> Vec<u32> {
 }
 
 /// The epoch of the zombie mapping at `(rid, pidx)`, if there is one (`None` too for a dropped region).
-fn zombie_epoch(g: &Inner, rid: u32, pidx: u32) -> Option<u64> {
-    g.regions
+fn zombie_epoch(regions: &[Option<RegionPages>], rid: u32, pidx: u32) -> Option<u64> {
+    regions
         .get(rid as usize)
         .and_then(Option::as_ref)
         .and_then(|r| r.pages[pidx as usize].zombie)

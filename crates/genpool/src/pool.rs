@@ -470,7 +470,9 @@ impl Pool {
         // device's memory, so that however its address space fragments, a request that the pages can hold
         // always finds a free extent (with 2× a random-size workload failed a 0.4 GiB request on a 0.5 GiB
         // device with 0.45 GiB free — found by tests/prop.rs).
-        let extent_va = (props.total_mem.saturating_mul(8)).div_ceil(page).max(1) * page;
+        // Whole pages of VA, `times` the device's memory.
+        let va_of = |times: u64| props.total_mem.saturating_mul(times).div_ceil(page).max(1) * page;
+        let extent_va = va_of(8);
         let names: &[&'static str] = if cfg.extent_generations {
             &["gen-extent/short", "gen-extent/mid", "gen-extent/long"]
         } else {
@@ -497,16 +499,13 @@ impl Pool {
                 arenas: std::array::from_fn(|_| OnceLock::new()),
                 shared: OnceLock::new(),
                 claim: parking_lot::Mutex::new(()),
-                va_bytes: (props.total_mem.saturating_mul(STREAM_ARENA_VA))
-                    .div_ceil(page)
-                    .max(1)
-                    * page,
+                va_bytes: va_of(STREAM_ARENA_VA),
                 placement_candidates: cfg.placement_candidates,
             })
         });
         let plan = if cfg.plan {
             // A plan can never map more than the device holds.
-            let va = props.total_mem.div_ceil(page).max(1) * page;
+            let va = va_of(1);
             Some(Box::new(PlanTier {
                 inner: parking_lot::Mutex::new(PlanInner {
                     planner: Planner::new(PlanConfig {
@@ -1083,15 +1082,13 @@ impl Pool {
         &self.extents[i.min(self.extents.len() - 1)]
     }
 
-    /// Every extent arena, with the one stream that allocates from it (`None`: several may). The first
-    /// stream's arena (or the generations') comes first.
-    fn extent_arenas(&self) -> impl Iterator<Item = (&ExtentArena, Option<StreamId>)> {
-        let solo = self.hot.solo_stream.load(Relaxed);
-        let own = self.stream_arenas.is_some();
-        self.extents
-            .iter()
-            .map(move |a| (a, own.then_some(solo)))
-            .chain(self.stream_arenas.iter().flat_map(|s| s.all()))
+    /// Every extent arena: the first stream's (or the generations'), then the stream arenas made so far.
+    fn extent_arenas(&self) -> impl Iterator<Item = &ExtentArena> {
+        self.extents.iter().chain(
+            self.stream_arenas
+                .iter()
+                .flat_map(|s| s.all().map(|(a, _)| a)),
+        )
     }
 
     /// The arena an extent block of `class` allocated on `stream` comes from: with several streams and
@@ -1207,7 +1204,7 @@ impl Pool {
                     log::error!("genpool: trimming the stream pool: {e}");
                 }
             }
-            for (a, _) in self.extent_arenas() {
+            for a in self.extent_arenas() {
                 a.trim();
             }
             self.buddy.trim();
@@ -1458,7 +1455,7 @@ impl Pool {
                 // Per-arena peaks occur at different moments: their sum bounds the tier's peak.
                 let (c, p) = self
                     .extent_arenas()
-                    .map(|(a, _)| a.stats())
+                    .map(|a| a.stats())
                     .fold((0, 0), |(c, p), s| {
                         (c + s.committed_bytes, p + s.peak_committed_bytes)
                     });
@@ -1496,7 +1493,7 @@ impl Pool {
                 .collect(),
             largest_free_extent: self
                 .extent_arenas()
-                .map(|(a, _)| a.stats().largest_free_extent)
+                .map(|a| a.stats().largest_free_extent)
                 .max()
                 .unwrap_or(0),
             device_free: self.device.mem_info().ok().map(|(f, _)| f),

@@ -804,10 +804,7 @@ fn cache_overflow_free_is_stream_ordered() {
     )
     .unwrap();
     let (s, t) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
-    for st in [s, t] {
-        let b = pool.alloc(512, st, Hint::NONE).unwrap();
-        pool.free(b.ptr, st).unwrap();
-    }
+    see_streams(&pool, &[s, t]);
     let short = Hint {
         lifetime: Some(Lifetime::Short),
         site: None,
@@ -843,10 +840,7 @@ fn cache_solo_drain_is_stream_ordered() {
     .unwrap();
     let (s, t) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
     // The engine sees both streams (small blocks: the slab, not the extent arena's cache).
-    for st in [s, t] {
-        let b = pool.alloc(512, st, Hint::NONE).unwrap();
-        pool.free(b.ptr, st).unwrap();
-    }
+    see_streams(&pool, &[s, t]);
     let ev = dev.event_create().unwrap();
     dev.pause_stream(s).unwrap();
     dev.event_record(ev, s).unwrap();
@@ -889,10 +883,7 @@ fn stream_arenas_case(conf: &str) {
     // Headroom: the other stream's arena creates pages rather than wait for the paused stream's.
     let pool = Pool::new(dev.clone() as Arc<dyn Device>, Config::parse(conf).unwrap()).unwrap();
     let (s, t) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
-    for st in [s, t] {
-        let b = pool.alloc(512, st, Hint::NONE).unwrap();
-        pool.free(b.ptr, st).unwrap();
-    }
+    see_streams(&pool, &[s, t]);
     let short = Hint {
         lifetime: Some(Lifetime::Short),
         site: None,
@@ -927,4 +918,13 @@ fn stream_arenas_case(conf: &str) {
     assert_eq!(pool.allocated(), 0);
     pool.trim();
     assert_eq!(pool.reserved_now(), 0);
+}
+
+/// Let `pool` see each of `streams` (a 512 B block allocated and freed on each: the slab, not the extent
+/// arena), so the engine's one synchronize at a second stream's first use happens here.
+fn see_streams(pool: &Pool, streams: &[StreamId]) {
+    for &st in streams {
+        let b = pool.alloc(512, st, Hint::NONE).unwrap();
+        pool.free(b.ptr, st).unwrap();
+    }
 }
