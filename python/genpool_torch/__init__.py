@@ -1,7 +1,9 @@
 """genpool as PyTorch's CUDA allocator.
 
-``install()`` loads ``libgenpool_torch.so`` and makes it PyTorch's allocator through
-``torch.cuda.memory.CUDAPluggableAllocator``; it must run before CUDA is initialised. The statistics
+``install()`` makes genpool PyTorch's CUDA allocator through a C++ ``CUDAAllocator`` of its own
+(``genpool_torch.backend``, built against the installed torch on first use), falling back to
+``torch.cuda.memory.CUDAPluggableAllocator`` where that cannot be built; it must run before CUDA is
+initialised. The statistics
 helpers (``memory_stats()``, ``empty_cache()``, ``mark_iteration()``, ``step()`` ...) only need the shared
 library, so they also work (and are tested) without PyTorch, on genpool's simulated device
 (``GENPOOL_DEVICE=sim``).
@@ -28,6 +30,7 @@ __all__ = [
     "library_path",
     "install",
     "is_installed",
+    "active_backend",
     "memory_stats",
     "raw_stats",
     "memory_allocated",
@@ -257,7 +260,7 @@ def _fn_addr(fn) -> int:
 
 def is_installed() -> bool:
     """True once ``install()`` made genpool PyTorch's allocator in this process."""
-    return _allocator is not None
+    return _mode is not None
 
 
 _SHIM_SRC = r"""
@@ -338,30 +341,54 @@ def _oom_shim(lib_path: Path) -> Path:
     return so
 
 
+_FALLBACK_LIMITS = (
+    "torch.cuda.memory_stats() and friends, cudnn.benchmark, memory snapshots, the profiler's memory "
+    "events, CUDA graphs and MemPool will not work"
+)
+_mode: Optional[str] = None  # "allocator" or "pluggable" once installed
+
+
+def active_backend() -> Optional[str]:
+    """How genpool is PyTorch's allocator in this process: ``"allocator"`` (the C++ backend, PyTorch's
+    whole allocator interface), ``"pluggable"`` (the ``CUDAPluggableAllocator`` fallback), or ``None``."""
+    return _mode
+
+
 def install(path: Optional[Union[str, os.PathLike]] = None, *, device: Optional[str] = None,
-            config: Optional[str] = None, oom: str = "raise"):
+            config: Optional[str] = None, oom: str = "raise", backend: str = "auto"):
     """Make genpool PyTorch's CUDA allocator. Call it before CUDA is initialised (before the first CUDA
     tensor, ``torch.cuda.current_device()`` or ``torch.cuda.memory_allocated()``).
 
     ``device`` sets ``GENPOOL_DEVICE`` (``"cuda"``, the default, ``"sim"`` or ``"auto"``) and ``config``
     sets ``GENPOOL_CONF`` (``"key:value,..."``) for the pools, which are created on each device's first
-    allocation. Returns the ``CUDAPluggableAllocator``; calling it again returns the same one.
+    allocation.
 
-    ``oom="raise"`` (default): allocations genpool cannot serve raise ``torch.OutOfMemoryError``, through
-    a small C++ wrapper compiled on first use (needs a C++ compiler, ``$CXX`` or ``c++``; seconds once,
-    then cached under ``$GENPOOL_SHIM_DIR`` or ``~/.cache/genpool_torch``). PyTorch's
-    pluggable-allocator hook does not check for NULL itself: with ``oom="null"`` (no compiler needed) a
-    failed allocation yields a tensor with a null data pointer, and the next kernel touching it faults.
+    ``backend="auto"`` (default) installs genpool's C++ backend, a ``CUDAAllocator`` of its own built
+    against this torch on first use (seconds, then cached; see ``genpool_torch.backend``): every
+    ``torch.cuda`` memory function, ``cudnn.benchmark``, memory history and snapshots, the profiler, OOM
+    observers, CUDA graphs and MemPools work as with PyTorch's own allocator. Where it cannot be built
+    (no C++ compiler, a torch older than 2.11) ``"auto"`` falls back to PyTorch's
+    ``CUDAPluggableAllocator`` and says once what will not work; ``backend="allocator"`` raises instead,
+    ``backend="pluggable"`` asks for the fallback. Returns ``active_backend()``'s value.
+
+    ``oom`` applies to the pluggable fallback only: ``"raise"`` compiles a small wrapper so that
+    allocations genpool cannot serve raise ``torch.OutOfMemoryError``; ``"null"`` (no compiler needed)
+    lets them yield a tensor with a null data pointer.
     """
     if oom not in ("raise", "null"):
         raise ValueError(f"oom must be 'raise' or 'null', not {oom!r}")
-    global _allocator
-    if _allocator is not None:
-        return _allocator
+    if backend not in ("auto", "allocator", "pluggable"):
+        raise ValueError(f"backend must be 'auto', 'allocator' or 'pluggable', not {backend!r}")
+    global _allocator, _mode
+    if _mode is not None:
+        return _mode
     try:
         import torch
     except ImportError as e:
-        raise GenpoolInstallError("genpool_torch.install() needs PyTorch") from e
+        raise GenpoolInstallError(
+            "genpool_torch.install() needs PyTorch, which is not installed (pip install torch); "
+            "the statistics helpers work without it"
+        ) from e
     if torch.cuda.is_initialized():
         try:
             held = f"{torch.cuda.memory_allocated()} bytes allocated by the current allocator"
@@ -376,6 +403,32 @@ def install(path: Optional[Union[str, os.PathLike]] = None, *, device: Optional[
     if config is not None:
         os.environ["GENPOOL_CONF"] = config
     lib = _load(path)
+    assert _lib_path is not None
+    if backend in ("auto", "allocator"):
+        from . import backend as _backend_mod
+
+        try:
+            _backend_mod.install(_lib_path)
+            _mode = "allocator"
+            return _mode
+        except _backend_mod.BackendError as e:
+            if backend == "allocator":
+                raise GenpoolInstallError(f"genpool's PyTorch backend: {e}") from e
+            import warnings
+
+            warnings.warn(
+                f"genpool: the C++ backend is unavailable ({str(e).splitlines()[0]}); using PyTorch's "
+                f"CUDAPluggableAllocator instead: {_FALLBACK_LIMITS}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+    _allocator = _install_pluggable(torch, lib, oom)
+    _mode = "pluggable"
+    return _mode
+
+
+def _install_pluggable(torch, lib, oom: str):
+    """The fallback: genpool's C hooks behind ``torch.cuda.memory.CUDAPluggableAllocator``."""
     assert _lib_path is not None
     so_path, malloc_name = _lib_path, "genpool_malloc"
     if oom == "raise":
@@ -402,5 +455,4 @@ def install(path: Optional[Union[str, os.PathLike]] = None, *, device: Optional[
         raise GenpoolInstallError(
             f"PyTorch refused to switch allocators ({e}); call genpool_torch.install() before any CUDA use"
         ) from e
-    _allocator = alloc
     return alloc

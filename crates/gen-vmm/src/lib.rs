@@ -414,6 +414,12 @@ impl PagePool {
         s
     }
 
+    /// Start the peak of pages held again from the pages held now (PyTorch's `reset_peak_memory_stats`).
+    pub fn reset_peak(&self) {
+        let mut g = self.inner.lock();
+        g.stats.pages_peak = g.stats.pages_held;
+    }
+
     /// Give every unused page (free-mapped or cached) back to the driver. Synchronizes the device first
     /// (a free-mapped page may still be in use by work queued before its block was freed). Returns bytes.
     pub fn release_unused(&self) -> Result<u64, VmmError> {

@@ -17,7 +17,7 @@ use crate::timing;
 pub type cudaStream_t = *mut c_void;
 
 /// Run `f` with panics caught: a panic is logged, becomes the last error, and `on_panic` is returned.
-fn guard<T>(call: &'static str, on_panic: T, f: impl FnOnce() -> T) -> T {
+pub(crate) fn guard<T>(call: &'static str, on_panic: T, f: impl FnOnce() -> T) -> T {
     let res = catch_unwind(AssertUnwindSafe(|| {
         #[cfg(test)]
         hooks::maybe_panic(call);
@@ -43,7 +43,7 @@ fn guard<T>(call: &'static str, on_panic: T, f: impl FnOnce() -> T) -> T {
 
 /// Record a failure: last error, plus a log line (warn for out-of-memory, which PyTorch handles by
 /// raising `torch.OutOfMemoryError`; error for everything else).
-fn fail(e: &PluginError) {
+pub(crate) fn fail(e: &PluginError) {
     report::set_last_error(e);
     match e {
         PluginError::Engine(g) if g.is_oom() => log::warn!("genpool: {e}"),

@@ -50,6 +50,14 @@ pub enum PluginError {
         /// The cap.
         cap: u64,
     },
+    /// A private pool id that does not exist (never created, or released) on the device.
+    #[error("no private pool {id} on device {device} (never created, or already released)")]
+    UnknownPool {
+        /// The device index.
+        device: usize,
+        /// The pool id given.
+        id: u64,
+    },
     /// A `set_per_process_memory_fraction` value outside `(0, 1]`.
     #[error("invalid memory fraction {0}: expected a value in (0, 1]")]
     BadFraction(f64),

@@ -19,10 +19,13 @@
 #![warn(missing_docs)]
 
 mod abi;
+mod backend_abi;
 mod error;
+mod pools;
 mod recorded;
 mod registry;
 mod report;
+mod stats;
 mod timing;
 
 pub use abi::{
@@ -30,8 +33,10 @@ pub use abi::{
     genpool_mark_iteration, genpool_record_stream, genpool_reset, genpool_set_memory_fraction,
     genpool_stats_json, genpool_trim,
 };
+pub use backend_abi::*;
 pub use error::PluginError;
 pub use registry::MAX_DEVICES;
+pub use stats::GenpoolStat;
 
 #[cfg(test)]
 mod tests;

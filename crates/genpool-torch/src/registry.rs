@@ -93,7 +93,7 @@ pub(crate) fn bound() -> usize {
     DEVICE_COUNT.load(Relaxed).min(MAX_DEVICES)
 }
 
-fn check_index(index: i64) -> Result<usize, PluginError> {
+pub(crate) fn check_index(index: i64) -> Result<usize, PluginError> {
     let bound = bound();
     if index < 0 || index as u64 >= bound as u64 {
         return Err(PluginError::InvalidDevice { index, bound });
@@ -199,7 +199,7 @@ fn build(index: usize, device: Arc<dyn Device>, cfg: Config) -> Result<DeviceSta
     })
 }
 
-fn fraction(index: usize) -> Option<f64> {
+pub(crate) fn fraction(index: usize) -> Option<f64> {
     match SLOTS[index].fraction.load(Relaxed) {
         0 => None,
         bits => Some(f64::from_bits(bits)),
@@ -229,12 +229,17 @@ impl DeviceState {
         fraction(self.index).map(|f| (f * self.pool.device().props().total_mem as f64) as u64)
     }
 
-    /// Allocate through the engine, within the memory-fraction cap.
+    /// Refuse an allocation of `size` that would take `allocated` live bytes past the memory-fraction
+    /// cap, if one is set.
     #[inline]
-    pub(crate) fn alloc(&self, size: u64, stream: StreamId) -> Result<u64, PluginError> {
+    pub(crate) fn check_cap(
+        &self,
+        size: u64,
+        allocated: impl FnOnce() -> u64,
+    ) -> Result<(), PluginError> {
         if SLOTS[self.index].fraction.load(Relaxed) != 0 {
             if let Some(cap) = self.cap() {
-                let allocated = self.pool.allocated();
+                let allocated = allocated();
                 if allocated.saturating_add(size) > cap {
                     return Err(PluginError::OverFraction {
                         requested: size,
@@ -244,15 +249,28 @@ impl DeviceState {
                 }
             }
         }
-        let b = self.pool.alloc(size, stream, Hint::NONE)?;
+        Ok(())
+    }
+
+    /// Note that the default pool handed out `[ptr, ptr + size)` (the address bounds frees route by).
+    #[inline]
+    pub(crate) fn note_range(&self, ptr: u64, size: u64) {
         // Relaxed: a free of this block on another thread got the pointer after this call, through
         // some synchronization, and coherence makes it see these stores.
-        if b.ptr < self.lo.load(Relaxed) {
-            self.lo.fetch_min(b.ptr, Relaxed);
+        if ptr < self.lo.load(Relaxed) {
+            self.lo.fetch_min(ptr, Relaxed);
         }
-        if b.ptr + b.size > self.hi.load(Relaxed) {
-            self.hi.fetch_max(b.ptr + b.size, Relaxed);
+        if ptr + size > self.hi.load(Relaxed) {
+            self.hi.fetch_max(ptr + size, Relaxed);
         }
+    }
+
+    /// Allocate through the engine, within the memory-fraction cap.
+    #[inline]
+    pub(crate) fn alloc(&self, size: u64, stream: StreamId) -> Result<u64, PluginError> {
+        self.check_cap(size, || self.pool.allocated())?;
+        let b = self.pool.alloc(size, stream, Hint::NONE)?;
+        self.note_range(b.ptr, b.size);
         Ok(b.ptr)
     }
 

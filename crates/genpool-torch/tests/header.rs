@@ -1,4 +1,4 @@
-//! The committed C header `include/genpool.h` matches the functions `src/abi.rs` exports.
+//! The committed C header `include/genpool.h` matches the functions `src/abi.rs` and `src/backend_abi.rs` export.
 //!
 //! Always: the set of `genpool_*` functions declared in the header equals the set of `#[no_mangle]`
 //! functions in the source. When `cbindgen` is on `PATH`: the header is byte-identical to a fresh
@@ -17,7 +17,11 @@ fn header_path() -> PathBuf {
 }
 
 fn exported_in_source() -> BTreeSet<String> {
-    let src = std::fs::read_to_string(crate_dir().join("src/abi.rs")).unwrap();
+    let src = ["src/abi.rs", "src/backend_abi.rs"]
+        .iter()
+        .map(|f| std::fs::read_to_string(crate_dir().join(f)).unwrap())
+        .collect::<Vec<_>>()
+        .join("\n");
     let lines: Vec<&str> = src.lines().map(str::trim).collect();
     let mut names = BTreeSet::new();
     for (i, line) in lines.iter().enumerate() {

@@ -32,5 +32,5 @@ pub use devices::{DeviceFactory, Freed, Pools, PoolsStats};
 pub use error::{FreeFault, GenpoolError, OomReport, Result, TierUsage};
 pub use gen_classifier::Lifetime;
 pub use gen_device::{Device, DeviceError, StreamId};
-pub use pool::{Block, Hint, Pool, Tier, ALIGN};
+pub use pool::{Block, Hint, LiveBlock, Pool, Tier, ALIGN};
 pub use stats::{PlanSummary, PoolStats, TierStats};

@@ -16,6 +16,10 @@ pub(crate) struct Meta {
     pub stamp: Stamp,
     /// The planner's ticket: a block served from the plan's range, or one whose lifetime it records.
     pub ticket: gen_plan::Ticket,
+    /// The stream it was allocated for (a free on "its own stream" uses it).
+    pub stream: gen_device::StreamId,
+    /// `size` minus the bytes asked for (< 512: the rounding), so the request is known at free.
+    pub slack: u16,
 }
 
 /// Device addresses are 512-byte aligned: multiply the bits above the alignment into a well-mixed hash.
@@ -45,6 +49,8 @@ const EMPTY: Slot = Slot {
         tier: Tier::Slab,
         stamp: Stamp::NONE,
         ticket: gen_plan::Ticket::NONE,
+        stream: 0,
+        slack: 0,
     },
 };
 
@@ -270,6 +276,8 @@ mod tests {
             tier: Tier::Extent,
             stamp: Stamp::NONE,
             ticket: gen_plan::Ticket::NONE,
+            stream: 0,
+            slack: 0,
         }
     }
 

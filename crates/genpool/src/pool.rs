@@ -76,6 +76,33 @@ pub struct Block {
     pub tier: Tier,
 }
 
+/// A live block as the engine records it ([`Pool::live_detailed`], [`Pool::free_owned`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LiveBlock {
+    /// Device address.
+    pub ptr: u64,
+    /// Bytes it spans (the request rounded up to [`ALIGN`]).
+    pub size: u64,
+    /// Bytes asked for.
+    pub requested: u64,
+    /// The tier that serves it.
+    pub tier: Tier,
+    /// The stream it was allocated for.
+    pub stream: StreamId,
+}
+
+impl LiveBlock {
+    fn of(ptr: u64, m: &Meta) -> Self {
+        LiveBlock {
+            ptr,
+            size: m.size,
+            requested: m.size - u64::from(m.slack),
+            tier: m.tier,
+            stream: m.stream,
+        }
+    }
+}
+
 #[derive(Default)]
 struct TierCounters {
     live: AtomicU64,
@@ -698,6 +725,7 @@ impl Pool {
                 reason: "larger than the device's memory",
             });
         }
+        let requested = size;
         let size = size.div_ceil(ALIGN) * ALIGN;
         self.note_stream(stream);
         let features = Features {
@@ -750,6 +778,9 @@ impl Pool {
                 tier,
                 stamp,
                 ticket,
+                stream,
+                // < ALIGN: the rounding above.
+                slack: (size - requested) as u16,
             },
         );
         let t = &self.hot.tiers[tier as usize];
@@ -1218,6 +1249,17 @@ impl Pool {
     /// queued on `stream` before this call has completed. Unknown and double frees are refused with
     /// [`GenpoolError::InvalidFree`] and change nothing.
     pub fn free(&self, ptr: u64, stream: StreamId) -> Result<u64> {
+        self.free_in(ptr, Some(stream)).map(|b| b.size)
+    }
+
+    /// Free a block on the stream it was allocated for (PyTorch's rule: a tensor's memory is reusable on
+    /// its allocation stream at once; other streams are ordered through `record_stream`). Returns what
+    /// the block was. Refusals as [`free`](Self::free).
+    pub fn free_owned(&self, ptr: u64) -> Result<LiveBlock> {
+        self.free_in(ptr, None)
+    }
+
+    fn free_in(&self, ptr: u64, stream: Option<StreamId>) -> Result<LiveBlock> {
         if ptr == 0 {
             self.invalid_frees.fetch_add(1, Relaxed);
             return Err(GenpoolError::InvalidFree {
@@ -1243,6 +1285,7 @@ impl Pool {
             }
         };
         let size = meta.size;
+        let stream = stream.unwrap_or(meta.stream);
         if self.hot.large_since_free.load(Relaxed) != 0 {
             self.hot.large_since_free.store(0, Relaxed);
         }
@@ -1295,7 +1338,7 @@ impl Pool {
             .live
             .fetch_sub(size, Relaxed);
         self.hot.live.fetch_sub(size, Relaxed);
-        Ok(size)
+        Ok(LiveBlock::of(ptr, &meta))
     }
 
     fn cache_or_free(
@@ -1401,6 +1444,19 @@ impl Pool {
         self.pages.stats().bytes_peak() + pool
     }
 
+    /// Start every peak (live bytes, per-tier live bytes, pages held) again from its current value, as
+    /// PyTorch's `reset_peak_memory_stats` does. The driver pool's reserved-high (`mid_tier:stream`) is
+    /// the driver's own and is not reset.
+    pub fn reset_peaks(&self) {
+        self.hot
+            .live_peak
+            .store(self.hot.live.load(Relaxed), Relaxed);
+        for t in self.hot.tiers.iter() {
+            t.live_peak.store(t.live.load(Relaxed), Relaxed);
+        }
+        self.pages.reset_peak();
+    }
+
     /// Counters of the extent arena's and the buddy's front caches.
     pub fn cache_stats(&self) -> [gen_stream::StreamCacheStats; 2] {
         [self.extent_cache.stats(), self.buddy_cache.stats()]
@@ -1423,6 +1479,23 @@ impl Pool {
             size: m.size,
             tier: m.tier,
         })
+    }
+
+    /// A live block with everything the engine knows of it, if `ptr` is one.
+    pub fn lookup_detailed(&self, ptr: u64) -> Option<LiveBlock> {
+        self.meta.get(ptr).map(|m| LiveBlock::of(ptr, &m))
+    }
+
+    /// Every live block with its request, stream and tier, in address order.
+    pub fn live_detailed(&self) -> Vec<LiveBlock> {
+        let mut v: Vec<LiveBlock> = self
+            .meta
+            .snapshot()
+            .into_iter()
+            .map(|(ptr, m)| LiveBlock::of(ptr, &m))
+            .collect();
+        v.sort_unstable_by_key(|b| b.ptr);
+        v
     }
 
     /// Every live block (address order not guaranteed).
