@@ -355,7 +355,7 @@ def active_backend() -> Optional[str]:
 
 
 def install(path: Optional[Union[str, os.PathLike]] = None, *, device: Optional[str] = None,
-            config: Optional[str] = None, oom: str = "raise", backend: str = "auto"):
+            config: Optional[str] = None, oom: str = "raise", backend: Optional[str] = None):
     """Make genpool PyTorch's CUDA allocator. Call it before CUDA is initialised (before the first CUDA
     tensor, ``torch.cuda.current_device()`` or ``torch.cuda.memory_allocated()``).
 
@@ -369,7 +369,8 @@ def install(path: Optional[Union[str, os.PathLike]] = None, *, device: Optional[
     observers, CUDA graphs and MemPools work as with PyTorch's own allocator. Where it cannot be built
     (no C++ compiler, a torch older than 2.11) ``"auto"`` falls back to PyTorch's
     ``CUDAPluggableAllocator`` and says once what will not work; ``backend="allocator"`` raises instead,
-    ``backend="pluggable"`` asks for the fallback. Returns ``active_backend()``'s value.
+    ``backend="pluggable"`` asks for the fallback; ``None`` takes ``$GENPOOL_TORCH_BACKEND`` (default
+    ``"auto"``). Returns ``active_backend()``'s value.
 
     ``oom`` applies to the pluggable fallback only: ``"raise"`` compiles a small wrapper so that
     allocations genpool cannot serve raise ``torch.OutOfMemoryError``; ``"null"`` (no compiler needed)
@@ -377,6 +378,8 @@ def install(path: Optional[Union[str, os.PathLike]] = None, *, device: Optional[
     """
     if oom not in ("raise", "null"):
         raise ValueError(f"oom must be 'raise' or 'null', not {oom!r}")
+    if backend is None:
+        backend = os.environ.get("GENPOOL_TORCH_BACKEND", "auto")
     if backend not in ("auto", "allocator", "pluggable"):
         raise ValueError(f"backend must be 'auto', 'allocator' or 'pluggable', not {backend!r}")
     global _allocator, _mode

@@ -139,12 +139,13 @@ def fake_torch(initialized=False, allocated=0, refuse=False):
 class InstallTest(unittest.TestCase):
     def tearDown(self):
         gt._allocator = None
+        gt._mode = None
 
     def test_refuses_after_cuda_initialised(self):
         torch, changed = fake_torch(initialized=True, allocated=1 << 20)
         with mock.patch.dict(sys.modules, {"torch": torch}):
             with self.assertRaises(gt.GenpoolInstallError) as ctx:
-                gt.install()
+                gt.install(backend="pluggable")
         self.assertIn("1048576 bytes", str(ctx.exception))
         self.assertIn("before any CUDA use", str(ctx.exception))
         self.assertEqual(changed, [])
@@ -153,8 +154,10 @@ class InstallTest(unittest.TestCase):
     def test_wires_the_callbacks_pytorch_calls(self):
         torch, changed = fake_torch()
         with mock.patch.dict(sys.modules, {"torch": torch}):
-            alloc = gt.install(oom="null")
-            self.assertIs(gt.install(), alloc, "idempotent")
+            self.assertEqual(gt.install(oom="null", backend="pluggable"), "pluggable")
+            alloc = gt._allocator
+            self.assertEqual(gt.install(), "pluggable", "idempotent")
+            self.assertIs(gt._allocator, alloc)
         self.assertEqual(changed, [alloc])
         self.assertEqual(alloc.args, (str(gt.library_path()), "genpool_malloc", "genpool_free"))
         addr = lambda name: ctypes.cast(getattr(lib(), name), ctypes.c_void_p).value  # noqa: E731
@@ -168,7 +171,8 @@ class InstallTest(unittest.TestCase):
         torch, changed = fake_torch()
         with mock.patch.dict(sys.modules, {"torch": torch}), \
                 mock.patch.object(gt, "_oom_shim", return_value=Path("/x/shim.so")) as shim:
-            alloc = gt.install()
+            gt.install(backend="pluggable")
+            alloc = gt._allocator
         shim.assert_called_once_with(gt.library_path())
         self.assertEqual(alloc.args, ("/x/shim.so", "genpool_torch_malloc", "genpool_free"))
         self.assertEqual(changed, [alloc])
@@ -178,7 +182,7 @@ class InstallTest(unittest.TestCase):
         with mock.patch.dict(sys.modules, {"torch": torch}), \
                 mock.patch.object(gt, "_oom_shim", side_effect=OSError("no c++")):
             with self.assertRaises(gt.GenpoolInstallError) as ctx:
-                gt.install()
+                gt.install(backend="pluggable")
         self.assertIn("oom='null'", str(ctx.exception))
         self.assertEqual(changed, [])
         with self.assertRaises(ValueError):
@@ -188,13 +192,51 @@ class InstallTest(unittest.TestCase):
         torch, _ = fake_torch(refuse=True)
         with mock.patch.dict(sys.modules, {"torch": torch}):
             with self.assertRaises(gt.GenpoolInstallError) as ctx:
-                gt.install(oom="null")
+                gt.install(oom="null", backend="pluggable")
         self.assertIn("before any CUDA use", str(ctx.exception))
+
+    def test_auto_falls_back_to_the_pluggable_hook_and_says_what_will_not_work(self):
+        torch, changed = fake_torch()
+        torch.__version__ = "2.4.0"  # older than the backend's interface
+        with mock.patch.dict(sys.modules, {"torch": torch}):
+            with self.assertWarns(RuntimeWarning) as w:
+                self.assertEqual(gt.install(oom="null"), "pluggable")
+        self.assertIn("torch.cuda.memory_stats()", str(w.warning))
+        self.assertIn("2.4.0", str(w.warning))
+        self.assertEqual(changed, [gt._allocator])
+        self.assertEqual(gt.active_backend(), "pluggable")
+
+    def test_allocator_backend_failure_is_a_clear_error(self):
+        torch, changed = fake_torch()
+        torch.__version__ = "2.4.0"
+        with mock.patch.dict(sys.modules, {"torch": torch}):
+            with self.assertRaises(gt.GenpoolInstallError) as ctx:
+                gt.install(backend="allocator")
+        self.assertIn("older than", str(ctx.exception))
+        self.assertEqual(changed, [])
+        with self.assertRaises(ValueError):
+            gt.install(backend="bogus")
+
+    def test_backend_is_built_with_the_system_compiler_against_torch(self):
+        import genpool_torch.backend as b
+        torch = types.ModuleType("torch")
+        torch.__file__ = "/opt/torch/__init__.py"
+        torch._C = types.SimpleNamespace(_GLIBCXX_USE_CXX11_ABI=True)
+        with mock.patch.dict(os.environ, {"GENPOOL_CXX": "/usr/bin/c++", "CUDA_HOME": "/usr/local/cuda"}):
+            cmd = b.compile_command(Path("/x/libgenpool_torch.so"), Path("/tmp/o.so"), torch)
+        self.assertEqual(cmd[0], "/usr/bin/c++")
+        self.assertIn("-D_GLIBCXX_USE_CXX11_ABI=1", cmd)
+        self.assertIn("-I/opt/torch/include", cmd)
+        self.assertIn("-I/usr/local/cuda/include", cmd)
+        self.assertIn(str(b.SOURCE), cmd)
+        self.assertIn("/x/libgenpool_torch.so", cmd)
+        self.assertIn("-ltorch_cuda", cmd)
+        self.assertTrue((b.header_dir() / "genpool.h").is_file())
 
     def test_without_torch(self):
         with mock.patch.dict(sys.modules, {"torch": None}):
             with self.assertRaises(gt.GenpoolInstallError):
-                gt.install()
+                gt.install(backend="pluggable")
 
 
 if __name__ == "__main__":

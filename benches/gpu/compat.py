@@ -1,0 +1,487 @@
+"""genpool's PyTorch compatibility suite: many small probes of PyTorch's memory features, each in a process
+of its own, under PyTorch's native allocator, expandable_segments and genpool, on a GPU.
+
+usage:  python3 benches/gpu/compat.py [--modes native,expandable,genpool] [--probes a,b] [--jobs 4]
+                                      [--json out.jsonl] [--md out.md] [--keep DIR]
+A probe passes when it raises nothing and its checks hold; the table marks every probe that passes
+under native but not under genpool, and figures both report that disagree. genpool mode runs
+``genpool_torch.install()`` first (``GENPOOL_TORCH_BACKEND`` picks allocator / pluggable / auto).
+``--probe NAME --mode MODE`` runs one probe in this process (what the runner does in each child).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+MIB = 1 << 20
+MODES = {"native": "", "expandable": "expandable_segments:True", "genpool": ""}
+PROBES = {}
+
+
+def probe(fn):
+    PROBES[fn.__name__[2:]] = fn
+    return fn
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+# ----- statistics --------------------------------------------------------------------------------
+
+
+@probe
+def p_memory_stats(torch):
+    sizes = (1000, 4096, 3 * MIB, 5 * MIB + 7)
+    xs = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in sizes]
+    s = torch.cuda.memory_stats()
+    req = s["requested_bytes.all.current"]
+    check(req == sum(sizes), f"requested {req} != {sum(sizes)}")
+    alloc = torch.cuda.memory_allocated()
+    check(alloc >= req, "allocated >= requested")
+    check(torch.cuda.memory_reserved() >= alloc, "reserved >= allocated")
+    check(s["allocation.all.current"] == 4, f"allocations {s['allocation.all.current']}")
+    check(s["allocation.small_pool.current"] == 2 and s["allocation.large_pool.current"] == 2,
+          "small/large split")
+    check(torch.cuda.max_memory_allocated() >= alloc, "max >= current")
+    nested = torch.cuda.memory_stats_as_nested_dict()
+    check("allocated_bytes" in nested, "nested dict")
+    out = {"requested": req, "allocations": s["allocation.all.current"],
+           "small": s["allocation.small_pool.current"]}
+    del xs
+    out["after_free"] = torch.cuda.memory_allocated()
+    check(out["after_free"] == 0, "all freed")
+    return out
+
+
+@probe
+def p_stats_agree_with_genpool(torch):
+    xs = [torch.empty(n, device="cuda") for n in (10, 1 << 20, 7 << 20)]
+    import genpool_torch
+    if not genpool_torch.is_installed():
+        return {"skipped_native": True}
+    g = genpool_torch.memory_stats()
+    check(torch.cuda.memory_allocated() == g["allocated_bytes.all.current"],
+          f"{torch.cuda.memory_allocated()} vs {g['allocated_bytes.all.current']}")
+    check(torch.cuda.memory_reserved() == g["reserved_bytes.all.current"],
+          f"reserved {torch.cuda.memory_reserved()} vs {g['reserved_bytes.all.current']}")
+    check(torch.cuda.max_memory_allocated() == g["allocated_bytes.all.peak"], "peaks agree")
+    del xs
+    return {"allocated": torch.cuda.memory_allocated()}
+
+
+@probe
+def p_reset_peak_and_accumulated(torch):
+    keep = torch.empty(MIB, dtype=torch.uint8, device="cuda")
+    big = torch.empty(64 * MIB, dtype=torch.uint8, device="cuda")
+    del big
+    check(torch.cuda.max_memory_allocated() >= 65 * MIB, "peak seen")
+    torch.cuda.reset_peak_memory_stats()
+    check(torch.cuda.max_memory_allocated() == torch.cuda.memory_allocated(), "peak reset")
+    torch.cuda.reset_accumulated_memory_stats()
+    s = torch.cuda.memory_stats()
+    check(s["allocation.all.allocated"] == 0 and s["allocation.all.freed"] == 0, "accumulated reset")
+    x = torch.empty(4096, dtype=torch.uint8, device="cuda")
+    del x
+    s = torch.cuda.memory_stats()
+    check(s["allocation.all.allocated"] == 1 and s["allocation.all.freed"] == 1, "counted again")
+    torch.cuda.reset_max_memory_allocated()
+    del keep
+    return {"peak_after_reset": s["allocated_bytes.all.peak"]}
+
+
+@probe
+def p_memory_summary(torch):
+    x = torch.empty(3 * MIB, device="cuda")
+    text = torch.cuda.memory_summary()
+    check("Allocated memory" in text, "summary table")
+    del x
+    return {}
+
+
+@probe
+def p_mem_get_info(torch):
+    free, total = torch.cuda.mem_get_info()
+    check(0 < free <= total, "free <= total")
+    return {"total_gib": round(total / 2**30)}
+
+
+@probe
+def p_allocator_backend(torch):
+    return {"backend": torch.cuda.get_allocator_backend()}
+
+
+# ----- everyday features -------------------------------------------------------------------------
+
+
+@probe
+def p_cudnn_benchmark(torch):
+    torch.backends.cudnn.benchmark = True
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(32, 64, 3, stride=2),
+        torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(64, 10),
+    ).cuda()
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    losses = []
+    for res in (64, 96, 64, 128):
+        x = torch.randn(16, 3, res, res, device="cuda")
+        loss = net(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(round(loss.item(), 4))
+    return {"losses": losses}
+
+
+@probe
+def p_record_stream(torch):
+    s = torch.cuda.Stream()
+    x = torch.ones(8 * MIB // 4, device="cuda")
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        y = x * 2
+    x.record_stream(s)
+    del x
+    z = torch.zeros(8 * MIB // 4, device="cuda")
+    torch.cuda.synchronize()
+    check(float(y.sum()) == 2 * y.numel(), "side-stream result")
+    del z
+    return {}
+
+
+@probe
+def p_empty_cache(torch):
+    x = torch.empty(256 * MIB, dtype=torch.uint8, device="cuda")
+    del x
+    before = torch.cuda.memory_reserved()
+    torch.cuda.empty_cache()
+    after = torch.cuda.memory_reserved()
+    check(after < before, f"reserved {before} -> {after}")
+    return {"released_mib": (before - after) // MIB}
+
+
+@probe
+def p_memory_fraction(torch):
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(0.05)
+    check(abs(torch.cuda.get_per_process_memory_fraction() - 0.05) < 1e-9, "fraction read back")
+    try:
+        torch.empty(int(total * 0.1), dtype=torch.uint8, device="cuda")
+        raise AssertionError("allocation past the fraction succeeded")
+    except torch.OutOfMemoryError:
+        pass
+    x = torch.empty(int(total * 0.01), dtype=torch.uint8, device="cuda")
+    del x
+    return {}
+
+
+@probe
+def p_caching_allocator_alloc(torch):
+    p = torch.cuda.caching_allocator_alloc(MIB)
+    check(p != 0, "pointer")
+    torch.cuda.caching_allocator_delete(p)
+    return {}
+
+
+@probe
+def p_bad_device_index(torch):
+    try:
+        torch.empty(1, device=f"cuda:{torch.cuda.device_count() + 3}")
+        raise AssertionError("no error for a missing device")
+    except (RuntimeError, AssertionError) as e:
+        if isinstance(e, AssertionError):
+            raise
+    x = torch.empty(1, device="cuda")
+    del x
+    return {}
+
+
+@probe
+def p_out_of_memory(torch):
+    seen = []
+    torch._C._cuda_attach_out_of_memory_observer(lambda *a: seen.append(a))
+    try:
+        torch.empty(1 << 45, dtype=torch.uint8, device="cuda")
+        raise AssertionError("32 TiB allocated")
+    except torch.OutOfMemoryError as e:
+        msg = str(e)
+    check(len(seen) >= 1, "observer called")
+    check(torch.cuda.memory_stats()["num_ooms"] >= 1, "num_ooms counted")
+    x = torch.empty(64 * MIB, dtype=torch.uint8, device="cuda")
+    del x
+    return {"names_genpool": "genpool" in msg, "message": msg[:160]}
+
+
+# ----- history, snapshots, profiler -------------------------------------------------------------
+
+
+@probe
+def p_memory_history_snapshot(torch):
+    torch.cuda.memory._record_memory_history(max_entries=10000)
+    xs = [torch.empty(n, device="cuda") for n in (100, 300_000, 3 << 20)]
+    del xs[0]
+    snap = torch.cuda.memory._snapshot()
+    segs = snap["segments"]
+    check(len(segs) > 0, "segments")
+    blocks = [b for s in segs for b in s["blocks"] if b["state"] == "active_allocated"]
+    check(len(blocks) >= 2, f"live blocks {len(blocks)}")
+    check(any(f["filename"].endswith("compat.py") for b in blocks for f in b.get("frames", [])),
+          "stack frames of this file")
+    trace = snap["device_traces"][0]
+    check(any(e["action"] == "alloc" for e in trace), "alloc events")
+    check(any(e["action"] == "free_completed" for e in trace), "free events")
+    path = os.path.join(os.environ.get("COMPAT_KEEP", tempfile.gettempdir()),
+                        f"snapshot_{os.environ.get('COMPAT_MODE', 'x')}.pickle")
+    torch.cuda.memory._dump_snapshot(path)
+    from torch.cuda import _memory_viz
+    html = _memory_viz.trace_plot(snap)
+    check(len(html) > 1000, "memory_viz renders")
+    _memory_viz.segment_plot(snap)
+    torch.cuda.memory._record_memory_history(enabled=None)
+    return {"segments": len(segs), "trace_events": len(trace), "pickle": path}
+
+
+@probe
+def p_oom_snapshot_dump(torch):
+    torch.cuda.memory._record_memory_history(max_entries=1000)
+    path = os.path.join(tempfile.gettempdir(), f"oom_{os.getpid()}.pickle")
+    torch._C._cuda_attach_out_of_memory_observer(
+        lambda *a: torch.cuda.memory._dump_snapshot(path))
+    keep = torch.empty(MIB, device="cuda")
+    try:
+        torch.empty(1 << 45, dtype=torch.uint8, device="cuda")
+    except torch.OutOfMemoryError:
+        pass
+    check(os.path.getsize(path) > 0, "snapshot written on OOM")
+    del keep
+    return {}
+
+
+@probe
+def p_profiler_memory(torch):
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], profile_memory=True) as prof:
+        x = torch.randn(1024, 1024, device="cuda")
+        y = x @ x
+        del x, y
+    mem = [e for e in prof.events() if e.name == "[memory]" and "CUDA" in str(e.device_type)]
+    check(len(mem) >= 2, f"CUDA memory events {len(mem)}")
+    return {"memory_events": len(mem)}
+
+
+# ----- graphs, pools, IPC ------------------------------------------------------------------------
+
+
+def _graph_model(torch):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(),
+                               torch.nn.Linear(2048, 512)).cuda()
+
+
+@probe
+def p_cuda_graph_capture(torch):
+    model = _graph_model(torch)
+    static_in = torch.randn(64, 512, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            model(static_in)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_out = model(static_in)
+    # Tensors allocated after the capture must never be touched by replays.
+    guards = [torch.full((n,), 7.0, device="cuda") for n in (1000, 1 << 18, 1 << 20, 3 << 20)]
+    for i in range(50):
+        static_in.copy_(torch.randn(64, 512, device="cuda"))
+        g.replay()
+    torch.cuda.synchronize()
+    ref = model(static_in)
+    check(torch.allclose(static_out, ref, atol=1e-5), "replay equals eager")
+    check(all(bool((t == 7.0).all()) for t in guards), "memory allocated after the capture untouched")
+    return {}
+
+
+@probe
+def p_cuda_graph_shared_pool(torch):
+    model = _graph_model(torch)
+    x = torch.randn(32, 512, device="cuda")
+    with torch.cuda.stream(torch.cuda.Stream()):
+        model(x)
+    g1, g2 = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g1):
+        y1 = model(x)
+    with torch.cuda.graph(g2, pool=g1.pool()):
+        y2 = model(y1)
+    g1.replay()
+    g2.replay()
+    torch.cuda.synchronize()
+    check(torch.allclose(y2, model(model(x)), atol=1e-4), "shared-pool graphs")
+    del g1, g2
+    return {}
+
+
+@probe
+def p_mempool(torch):
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        x = torch.randn(1 << 20, device="cuda")
+    y = torch.randn(1 << 20, device="cuda")
+    check(pool.use_count() >= 1, "use count")
+    snap = pool.snapshot()
+    check(sum(len(s["blocks"]) for s in snap) >= 1, "pool snapshot holds the block")
+    addrs = {b_start for s in snap for b_start in [s["address"]]}
+    check(all(not (a <= y.data_ptr() < a + s["total_size"]) for s in snap for a in [s["address"]]),
+          "a tensor outside the pool is not in it")
+    del x, y, pool, addrs
+    torch.cuda.synchronize()
+    return {}
+
+
+@probe
+def p_compile_reduce_overhead(torch):
+    model = _graph_model(torch)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    step = torch.compile(model, mode="reduce-overhead")
+    torch.manual_seed(1)
+    losses = []
+    for _ in range(6):
+        x = torch.randn(64, 512, device="cuda")
+        loss = step(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(round(loss.item(), 4))
+    return {"losses": losses}
+
+
+def _ipc_child(q, r):
+    t = q.get()
+    r.put(float(t.sum()))
+
+
+@probe
+def p_ipc_share_tensor(torch):
+    import torch.multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    q, r = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=_ipc_child, args=(q, r))
+    p.start()
+    t = torch.ones(1 << 20, device="cuda")
+    q.put(t)
+    got = r.get(timeout=120)
+    p.join(60)
+    check(got == float(1 << 20), f"child saw {got}")
+    return {}
+
+
+# ----- runner ------------------------------------------------------------------------------------
+
+
+def run_one(name, mode):
+    os.environ["COMPAT_MODE"] = mode
+    if mode == "expandable":
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = MODES[mode]
+    if mode == "genpool":
+        import genpool_torch
+        genpool_torch.install()
+    import torch
+    t0 = time.time()
+    try:
+        figures = PROBES[name](torch) or {}
+        out = {"probe": name, "mode": mode, "ok": True, "figures": figures}
+    except Exception as e:  # noqa: BLE001 - a probe's failure is its result
+        out = {"probe": name, "mode": mode, "ok": False, "error": f"{type(e).__name__}: {e}"[:400]}
+    if mode == "genpool":
+        import genpool_torch
+        out["genpool_backend"] = genpool_torch.active_backend()
+    out["seconds"] = round(time.time() - t0, 2)
+    print(json.dumps(out), flush=True)
+
+
+def spawn(name, mode, keep):
+    env = dict(os.environ)
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    if keep:
+        env["COMPAT_KEEP"] = keep
+    cmd = [sys.executable, os.path.abspath(__file__), "--probe", name, "--mode", mode]
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    except subprocess.TimeoutExpired:
+        return {"probe": name, "mode": mode, "ok": False, "error": "timeout (600 s)"}
+    for line in reversed(res.stdout.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    tail = (res.stderr or res.stdout)[-400:]
+    return {"probe": name, "mode": mode, "ok": False, "error": f"exit {res.returncode}: {tail}"}
+
+
+def table(results, modes):
+    by = {(r["probe"], r["mode"]): r for r in results}
+    lines = ["| probe | " + " | ".join(modes) + " | note |", "|---|" + "---|" * (len(modes) + 1)]
+    regress = 0
+    for name in PROBES:
+        cells, notes = [], []
+        for m in modes:
+            r = by.get((name, m))
+            cells.append("—" if r is None else ("pass" if r["ok"] else "**fail**"))
+            if r is not None and not r["ok"]:
+                notes.append(f"{m}: {r['error'][:150]}")
+        n, g = by.get((name, "native")), by.get((name, "genpool"))
+        if n and g and n["ok"] and not g["ok"]:
+            regress += 1
+            notes.insert(0, "REGRESSION under genpool")
+        if n and g and n["ok"] and g["ok"]:
+            for k, v in n.get("figures", {}).items():
+                gv = g.get("figures", {}).get(k)
+                if k not in ("pickle", "message", "backend") and gv is not None and gv != v:
+                    notes.append(f"{k}: native {v}, genpool {gv}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " | " + "; ".join(notes).replace("|", "/") + " |")
+    return "\n".join(lines), regress
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--modes", default="native,expandable,genpool")
+    ap.add_argument("--probes", default="")
+    ap.add_argument("--probe")
+    ap.add_argument("--mode")
+    ap.add_argument("--jobs", type=int, default=4)
+    ap.add_argument("--json")
+    ap.add_argument("--md")
+    ap.add_argument("--keep", default="")
+    a = ap.parse_args()
+    if a.probe:
+        run_one(a.probe, a.mode)
+        return 0
+    modes = a.modes.split(",")
+    names = a.probes.split(",") if a.probes else list(PROBES)
+    jobs = [(n, m) for n in names for m in modes]
+    with ThreadPoolExecutor(a.jobs) as ex:
+        results = list(ex.map(lambda nm: spawn(nm[0], nm[1], a.keep), jobs))
+    if a.json:
+        with open(a.json, "w") as f:
+            for r in results:
+                f.write(json.dumps(r) + "\n")
+    md, regress = table(results, modes)
+    if a.md:
+        with open(a.md, "w") as f:
+            f.write(md + "\n")
+    print(md)
+    print(f"compat: {sum(r['ok'] for r in results)} passed, {sum(not r['ok'] for r in results)} failed; "
+          f"{regress} pass under native and fail under genpool")
+    return 1 if regress else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
