@@ -21,6 +21,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 MIB = 1 << 20
+TIMEOUT = int(os.environ.get("COMPAT_TIMEOUT", "150"))
 MODES = {"native": "", "expandable": "expandable_segments:True", "genpool": ""}
 PROBES = {}
 
@@ -376,8 +377,10 @@ def p_ipc_share_tensor(torch):
     ctx = mp.get_context("spawn")
     q, r = ctx.Queue(), ctx.Queue()
     p = ctx.Process(target=_ipc_child, args=(q, r))
-    p.start()
     t = torch.ones(1 << 20, device="cuda")
+    # Share the storage here, so a refusal surfaces in this process rather than in the queue's thread.
+    t.untyped_storage()._share_cuda_()
+    p.start()
     q.put(t)
     got = r.get(timeout=120)
     p.join(60)
@@ -388,7 +391,8 @@ def p_ipc_share_tensor(torch):
 # ----- runner ------------------------------------------------------------------------------------
 
 
-def run_one(name, mode):
+def run_one(names, mode):
+    """Run the probes `names` (comma-separated; "all") in this process, one JSON line each."""
     os.environ["COMPAT_MODE"] = mode
     if mode == "expandable":
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = MODES[mode]
@@ -396,17 +400,18 @@ def run_one(name, mode):
         import genpool_torch
         genpool_torch.install()
     import torch
-    t0 = time.time()
-    try:
-        figures = PROBES[name](torch) or {}
-        out = {"probe": name, "mode": mode, "ok": True, "figures": figures}
-    except Exception as e:  # noqa: BLE001 - a probe's failure is its result
-        out = {"probe": name, "mode": mode, "ok": False, "error": f"{type(e).__name__}: {e}"[:400]}
-    if mode == "genpool":
-        import genpool_torch
-        out["genpool_backend"] = genpool_torch.active_backend()
-    out["seconds"] = round(time.time() - t0, 2)
-    print(json.dumps(out), flush=True)
+    for name in (list(PROBES) if names == "all" else names.split(",")):
+        t0 = time.time()
+        try:
+            figures = PROBES[name](torch) or {}
+            out = {"probe": name, "mode": mode, "ok": True, "figures": figures}
+        except Exception as e:  # noqa: BLE001 - a probe's failure is its result
+            out = {"probe": name, "mode": mode, "ok": False, "error": f"{type(e).__name__}: {e}"[:400]}
+        if mode == "genpool":
+            import genpool_torch
+            out["genpool_backend"] = genpool_torch.active_backend()
+        out["seconds"] = round(time.time() - t0, 2)
+        print(json.dumps(out), flush=True)
 
 
 def spawn(name, mode, keep):
@@ -416,9 +421,9 @@ def spawn(name, mode, keep):
         env["COMPAT_KEEP"] = keep
     cmd = [sys.executable, os.path.abspath(__file__), "--probe", name, "--mode", mode]
     try:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=env)
     except subprocess.TimeoutExpired:
-        return {"probe": name, "mode": mode, "ok": False, "error": "timeout (600 s)"}
+        return {"probe": name, "mode": mode, "ok": False, "error": f"timeout ({TIMEOUT} s)"}
     for line in reversed(res.stdout.splitlines()):
         if line.startswith("{"):
             return json.loads(line)
@@ -467,12 +472,22 @@ def main():
     modes = a.modes.split(",")
     names = a.probes.split(",") if a.probes else list(PROBES)
     jobs = [(n, m) for n in names for m in modes]
+    stream = open(a.json, "w") if a.json else None
+
+    def one(nm):
+        r = spawn(nm[0], nm[1], a.keep)
+        if stream:  # each result as it comes: a run cut short keeps what it did
+            stream.write(json.dumps(r) + "\n")
+            stream.flush()
+        print(json.dumps(r), flush=True)
+        return r
+
+    # The slow probes first, so they overlap the rest.
+    jobs.sort(key=lambda nm: nm[0] not in ("compile_reduce_overhead", "ipc_share_tensor", "cudnn_benchmark"))
     with ThreadPoolExecutor(a.jobs) as ex:
-        results = list(ex.map(lambda nm: spawn(nm[0], nm[1], a.keep), jobs))
-    if a.json:
-        with open(a.json, "w") as f:
-            for r in results:
-                f.write(json.dumps(r) + "\n")
+        results = list(ex.map(one, jobs))
+    if stream:
+        stream.close()
     md, regress = table(results, modes)
     if a.md:
         with open(a.md, "w") as f:

@@ -774,8 +774,9 @@ class GenpoolAllocator final : public cca::CUDAAllocator {
         }
       }
       const auto addr = reinterpret_cast<size_t>(ptr);
-      record_trace(TraceEntry::FREE_REQUESTED, device, addr, f.size, stream, ctx, f.pool);
-      record_trace(TraceEntry::FREE_COMPLETED, device, addr, f.size, stream, ctx, f.pool);
+      // Sizes as the allocation's event gave them (the request), so a trace reads back consistently.
+      record_trace(TraceEntry::FREE_REQUESTED, device, addr, f.requested, stream, ctx, f.pool);
+      record_trace(TraceEntry::FREE_COMPLETED, device, addr, f.requested, stream, ctx, f.pool);
     }
     if (c10::memoryProfilingEnabled()) {
       uint64_t allocated = 0;
