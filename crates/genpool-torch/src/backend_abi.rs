@@ -124,7 +124,13 @@ pub unsafe extern "C" fn genpool_backend_malloc(
             Ok((p, _)) => (std::ptr::without_provenance_mut(p as usize), GENPOOL_OK),
             Err(e) => {
                 fail(&e);
-                (std::ptr::null_mut(), code(&e))
+                let rc = code(&e);
+                if rc == GENPOOL_E_OOM {
+                    if let Ok(i) = registry::check_index(device.into()) {
+                        COUNTERS[i].ooms.fetch_add(1, Relaxed);
+                    }
+                }
+                (std::ptr::null_mut(), rc)
             }
         };
         // SAFETY: `out` is non-null and valid for a write (this function's contract).
@@ -374,8 +380,8 @@ fn device_stats(device: c_int) -> Result<GenpoolTorchStats, PluginError> {
     };
     let privates = pools::all(index);
     let engines = std::iter::once(&state.pool).chain(privates.iter().map(|p| &p.pool));
-    let (mut held, mut created, mut released, mut small, mut retries, mut ooms, mut syncs) =
-        (0i64, 0i64, 0i64, 0i64, 0i64, 0i64, 0i64);
+    let (mut held, mut created, mut released, mut small, mut retries, mut syncs) =
+        (0i64, 0i64, 0i64, 0i64, 0i64, 0i64);
     let (mut reserved, mut peak) = (0i64, 0i64);
     let mut page = 2 << 20;
     for e in engines {
@@ -385,7 +391,6 @@ fn device_stats(device: c_int) -> Result<GenpoolTorchStats, PluginError> {
         created += s.pages.creates as i64;
         released += s.pages.releases as i64;
         retries += s.num_alloc_retries as i64;
-        ooms += s.num_ooms as i64;
         syncs += s.pages.syncs as i64;
         reserved += s.reserved_current as i64;
         // Each pool's peak since the last reset; with private pools their sum bounds the device's.
@@ -417,7 +422,7 @@ fn device_stats(device: c_int) -> Result<GenpoolTorchStats, PluginError> {
     out.reserved_bytes[2].current = reserved - small;
     out.reserved_bytes[2].peak = peak - small;
     out.num_alloc_retries = retries;
-    out.num_ooms = ooms;
+    out.num_ooms = counters.ooms.load(Relaxed);
     out.num_sync_all_streams = syncs;
     out.num_device_alloc = created;
     out.num_device_free = released;

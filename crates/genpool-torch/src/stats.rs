@@ -103,12 +103,16 @@ impl Kind {
 #[repr(align(64))]
 pub(crate) struct DeviceCounters {
     kinds: [Kind; 3],
+    /// Allocations refused for want of memory (the engine's own count misses requests larger than the
+    /// device, and the memory-fraction cap's refusals).
+    pub(crate) ooms: AtomicI64,
 }
 
 impl DeviceCounters {
     pub(crate) const fn new() -> Self {
         DeviceCounters {
             kinds: [Kind::new(), Kind::new(), Kind::new()],
+            ooms: AtomicI64::new(0),
         }
     }
 

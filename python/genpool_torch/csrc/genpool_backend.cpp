@@ -432,6 +432,8 @@ class GenpoolAllocator final : public cca::CUDAAllocator {
     if (p.use_count == 0) {
       // A graph's pool seen first here (MemPools come through createOrIncrefPool).
       create_locked(device, p, nullptr);
+    } else {
+      ++p.use_count;  // as PyTorch's allocator: each capture into a pool holds it
     }
     contexts_by_device_[device].push_back(PoolContext{mempool_id, std::move(filter)});
     n_contexts_[device].store(contexts_by_device_[device].size(), std::memory_order_release);
@@ -440,10 +442,13 @@ class GenpoolAllocator final : public cca::CUDAAllocator {
   void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
     check_device(device);
     std::lock_guard<std::mutex> lock(pools_mu_);
+    // One context per call, the oldest of the pool's first (as PyTorch's allocator): a pool may be
+    // allocated to by several contexts at once (a thread's MemPool context and a capture).
     auto& v = contexts_by_device_[device];
-    v.erase(
-        std::remove_if(v.begin(), v.end(), [&](const PoolContext& c) { return c.id == mempool_id; }),
-        v.end());
+    auto it = std::find_if(v.begin(), v.end(), [&](const PoolContext& c) { return c.id == mempool_id; });
+    if (it != v.end()) {
+      v.erase(it);
+    }
     n_contexts_[device].store(v.size(), std::memory_order_release);
   }
 
@@ -488,9 +493,11 @@ class GenpoolAllocator final : public cca::CUDAAllocator {
   void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t mempool_id, bool use_on_oom) override {
     check_device(device);
     std::lock_guard<std::mutex> lock(pools_mu_);
+    // A MemPool's destructor may call this after releasePool: nothing to do for a pool that is gone.
     auto it = pools_[device].find(mempool_id);
-    TORCH_CHECK(it != pools_[device].end(), "genpool: setUseOnOOM on an unknown pool");
-    it->second.use_on_oom = use_on_oom;
+    if (it != pools_[device].end()) {
+      it->second.use_on_oom = use_on_oom;
+    }
   }
 
   void setNoSplit(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
