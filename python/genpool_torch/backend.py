@@ -88,8 +88,10 @@ def compile_command(lib_path: Path, out: Path, torch=None) -> List[str]:
     tdir = Path(torch.__file__).resolve().parent
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     cuda_inc, cuda_lib = _cuda_dirs(torch)
+    # torch 2.15's headers need C++20; 2.11 was validated with C++17.
+    std = "-std=c++17" if _torch_version(torch) < (2, 12) else "-std=c++20"
     cmd = [
-        _compiler(), "-O2", "-shared", "-fPIC", "-std=c++17", "-fvisibility=hidden",
+        _compiler(), "-O2", "-shared", "-fPIC", std, "-fvisibility=hidden",
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
         f"-I{tdir / 'include'}", f"-I{tdir / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
         f"-I{header_dir()}",

@@ -41,6 +41,11 @@
 
 #include "genpool.h"
 
+// Interface differences between the torch versions the backend was built against (2.11, 2.15); the
+// versions between were not checked.
+#define GENPOOL_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
 namespace genpool_backend {
 
 namespace cca = c10::cuda::CUDACachingAllocator;
@@ -413,6 +418,24 @@ class GenpoolAllocator final : public cca::CUDAAllocator {
     std::lock_guard<std::mutex> lock(history_mu_);
     oom_observers_.push_back(std::move(observer));
   }
+
+#if GENPOOL_TORCH_AT_LEAST(2, 15)
+  // An allocation PyTorch refused before asking the allocator (torch 2.15): told like an OOM.
+  void attachOomRejectionObserver(cca::OomRejectionObserver observer) override {
+    std::lock_guard<std::mutex> lock(history_mu_);
+    oom_rejection_observers_.push_back(std::move(observer));
+  }
+
+  bool supportsUserMetadata() override {
+    return true;  // recorded on every trace entry (record_trace)
+  }
+
+  std::shared_ptr<c10::GatheredContext> getContextForPointer(const void* ptr) override {
+    std::lock_guard<std::mutex> lock(history_mu_);
+    auto it = contexts_.find(const_cast<void*>(ptr));
+    return it == contexts_.end() ? nullptr : it->second;
+  }
+#endif
 
   void attachAllocatorTraceTracker(cca::AllocatorTraceTracker tracker) override {
     std::lock_guard<std::mutex> lock(history_mu_);
@@ -933,6 +956,9 @@ class GenpoolAllocator final : public cca::CUDAAllocator {
   std::vector<std::string> compile_context_;
   std::string user_metadata_;
   std::vector<cca::OutOfMemoryObserver> oom_observers_;
+#if GENPOOL_TORCH_AT_LEAST(2, 15)
+  std::vector<cca::OomRejectionObserver> oom_rejection_observers_;
+#endif
   std::vector<cca::AllocatorTraceTracker> trackers_;
 };
 
