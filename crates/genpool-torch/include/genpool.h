@@ -12,6 +12,52 @@ typedef struct CUstream_st *cudaStream_t;
  */
 #define GENPOOL_MAX_DEVICES 64
 
+/**
+ * `genpool_sleep` flag: copy the tags' memory to pinned host memory first (restored by the wake).
+ */
+#define GENPOOL_SLEEP_OFFLOAD 1
+
+/**
+ * `genpool_sleep` / `genpool_wake` flag: a CUDA graph capture is in progress (the call is refused).
+ */
+#define GENPOOL_SLEEP_CAPTURING 2
+
+/**
+ * A bad argument: a tag name that is not UTF-8, empty inside a list, too long, has a comma, or too
+ * many tags.
+ */
+#define GENPOOL_ERR_INVALID -1
+
+/**
+ * A tag never set with `genpool_tag_set`.
+ */
+#define GENPOOL_ERR_UNKNOWN_TAG -2
+
+/**
+ * `genpool_sleep` of a tag asleep already.
+ */
+#define GENPOOL_ERR_ASLEEP -3
+
+/**
+ * `genpool_wake` of a tag that is not asleep.
+ */
+#define GENPOOL_ERR_NOT_ASLEEP -4
+
+/**
+ * During a CUDA graph capture.
+ */
+#define GENPOOL_ERR_CAPTURING -5
+
+/**
+ * Not enough device memory to wake.
+ */
+#define GENPOOL_ERR_OUT_OF_MEMORY -6
+
+/**
+ * Anything else (a device error, an engine that cannot sleep, an internal panic).
+ */
+#define GENPOOL_ERR_FAILED -7
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -100,6 +146,50 @@ void genpool_mark_iteration(int device);
  * `buf` is NULL or valid for writes of `len` bytes.
  */
 size_t genpool_last_error(char *buf, size_t len);
+
+/**
+ * Set the calling thread's tag for the allocations that follow: `NULL`, `""` or `"default"` for
+ * untagged memory; any other name (1 to 128 bytes, no comma) makes the tag if it is new (at most 64).
+ * Returns 0 or a negative `GENPOOL_ERR_*` (the thread's tag is unchanged then).
+ *
+ * # Safety
+ * `tag` is NULL or a NUL-terminated string.
+ */
+int genpool_tag_set(const char *tag);
+
+/**
+ * Put the tags of `tags_csv` (comma-separated; `NULL` or `""`: every tag, `"default"` included) to
+ * sleep on every device: their physical memory goes back to the driver, their addresses stay reserved,
+ * so every tensor keeps its pointer. `flags`: [`GENPOOL_SLEEP_OFFLOAD`] copies their contents to pinned
+ * host memory first (restored by [`genpool_wake`]; without it the contents are lost);
+ * [`GENPOOL_SLEEP_CAPTURING`] says a CUDA graph capture is in progress (refused). Returns 0 or a negative
+ * `GENPOOL_ERR_*` with the last error set; on error no tag of the list is left asleep by this call.
+ *
+ * # Safety
+ * `tags_csv` is NULL or a NUL-terminated string.
+ */
+int genpool_sleep(const char *tags_csv, int flags);
+
+/**
+ * Wake the tags of `tags_csv` (as [`genpool_sleep`]): map their memory again at the same addresses and
+ * restore what was offloaded. `flags`: [`GENPOOL_SLEEP_CAPTURING`] (refused). Every tag must be asleep.
+ * `GENPOOL_ERR_OUT_OF_MEMORY` (another process holds the memory): the tags not woken stay asleep; call
+ * again later.
+ *
+ * # Safety
+ * `tags_csv` is NULL or a NUL-terminated string.
+ */
+int genpool_wake(const char *tags_csv, int flags);
+
+/**
+ * Write the tags as one JSON object into `buf`, `snprintf`-style as `genpool_stats_json`: the calling
+ * thread's current tag, and per tag whether it sleeps and, per device with an engine, its allocated,
+ * reserved, sleeping and offloaded bytes. Returns the JSON's length in bytes.
+ *
+ * # Safety
+ * `buf` is NULL or valid for writes of `len` bytes.
+ */
+size_t genpool_tags_json(char *buf, size_t len);
 
 #ifdef __cplusplus
 }  // extern "C"
