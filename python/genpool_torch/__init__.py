@@ -404,3 +404,5 @@ def install(path: Optional[Union[str, os.PathLike]] = None, *, device: Optional[
         ) from e
     _allocator = alloc
     return alloc
+from .sleep import GenpoolSleepError, current_tag, region, sleep, sleeping, tags_info, wake  # noqa: E402,F401
+__all__ += ["GenpoolSleepError", "region", "sleep", "wake", "sleeping", "tags_info", "current_tag"]
