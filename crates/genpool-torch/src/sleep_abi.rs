@@ -342,12 +342,18 @@ fn sleep_tags(ids: &[u32], opts: SleepOptions) -> Result<(), PluginError> {
                             log::error!("genpool: waking after a failed sleep: {e2}");
                         }
                     }
-                    if !pool.is_asleep() {
-                        asleep_flag(id).store(false, Ordering::SeqCst);
+                    // A device failure part-way may have left this pool asleep with some pages mapped.
+                    if pool.is_asleep() {
+                        if let Err(e2) = pool.wake(false) {
+                            log::error!("genpool: waking a partly slept pool: {e2}");
+                        }
                     }
                     for &(sid, _) in &slept {
                         asleep_flag(sid).store(false, Ordering::SeqCst);
                     }
+                    // The flag says what the pool is (a pool that could not be woken stays asleep, and a
+                    // later wake of the tag finishes it).
+                    asleep_flag(id).store(pool.is_asleep(), Ordering::SeqCst);
                     return Err(tag_err(id, e));
                 }
             }
@@ -736,10 +742,8 @@ mod tests {
         assert_eq!(set(Some(&"x".repeat(MAX_TAG_LEN + 1))), GENPOOL_ERR_INVALID);
         let bad = [0xffu8, 0xfe, 0];
         // SAFETY: a NUL-terminated (non-UTF-8) string.
-        assert_eq!(
-            unsafe { genpool_tag_set(bad.as_ptr().cast()) },
-            GENPOOL_ERR_INVALID
-        );
+        let rc = unsafe { genpool_tag_set(bad.as_ptr().cast()) };
+        assert_eq!(rc, GENPOOL_ERR_INVALID);
         assert_eq!(tags()["current"], "abi-t13", "unchanged by the refusals");
         // "default" and "" are the default tag.
         assert_eq!(set(Some("default")), 0);
