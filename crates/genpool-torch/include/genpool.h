@@ -168,7 +168,8 @@ int genpool_tag_set(const char *tag);
  * # Safety
  * `tags_csv` is NULL or a NUL-terminated string.
  */
-int genpool_sleep(const char *tags_csv, int flags);
+int genpool_sleep(const char *tags_csv,
+                  int flags);
 
 /**
  * Wake the tags of `tags_csv` (as [`genpool_sleep`]): map their memory again at the same addresses and
@@ -179,7 +180,8 @@ int genpool_sleep(const char *tags_csv, int flags);
  * # Safety
  * `tags_csv` is NULL or a NUL-terminated string.
  */
-int genpool_wake(const char *tags_csv, int flags);
+int genpool_wake(const char *tags_csv,
+                 int flags);
 
 /**
  * Write the tags as one JSON object into `buf`, `snprintf`-style as `genpool_stats_json`: the calling
@@ -189,7 +191,8 @@ int genpool_wake(const char *tags_csv, int flags);
  * # Safety
  * `buf` is NULL or valid for writes of `len` bytes.
  */
-size_t genpool_tags_json(char *buf, size_t len);
+size_t genpool_tags_json(char *buf,
+                         size_t len);
 
 #ifdef __cplusplus
 }  // extern "C"
