@@ -27,6 +27,9 @@ use gen_device::{HostHandle, PhysHandle};
 
 use crate::{pop_free_mapped, Inner, PagePool, VmmError};
 
+/// Most pages one copy or unmap call covers (512 MiB of 2 MiB pages).
+const MAX_RUN_PAGES: u64 = 256;
+
 /// A pool's state while asleep.
 pub(crate) struct Sleep {
     /// The pinned buffer holding offloaded contents, and its length.
@@ -116,15 +119,20 @@ impl PagePool {
         if offload && !live.is_empty() {
             let bytes = live.len() as u64 * self.page;
             let buf = self.host_buffer(&mut g, bytes)?;
-            for (k, &(rid, pidx)) in live.iter().enumerate() {
-                let va = self.page_va(&g, rid, pidx);
-                let at = k as u64 * self.page;
-                if let Err(e) = self.device.copy_to_host(buf.0, at, va, self.page) {
+            let pages: Vec<(u32, u32, u64)> = live
+                .iter()
+                .enumerate()
+                .map(|(k, &(rid, pidx))| (rid, pidx, k as u64 * self.page))
+                .collect();
+            // One copy per run of pages consecutive in VA and in the buffer.
+            for (rid, p0, at, n) in self.runs(&pages) {
+                let va = self.page_va(&g, rid, p0);
+                if let Err(e) = self.device.copy_to_host(buf.0, at, va, n * self.page) {
                     g.spare_host = Some(buf);
                     return Err(e.into());
                 }
-                slots.insert((rid, pidx), at);
             }
+            slots.extend(pages.iter().map(|&(rid, pidx, at)| ((rid, pidx), at)));
             host = Some(buf);
         }
         // Asleep from here: commits are refused.
@@ -144,25 +152,34 @@ impl PagePool {
                 }
             }
         }
-        // Referenced pages: unmap, keep the references.
+        // Referenced pages: unmap (one call per run of consecutive pages), keep the references.
         let mut asleep = 0;
-        for &(rid, pidx) in &live {
-            let va = self.page_va(&g, rid, pidx);
-            if let Err(e) = self.device.unmap(va, self.page) {
-                slots.remove(&(rid, pidx));
+        let pages: Vec<(u32, u32, u64)> = live
+            .iter()
+            .map(|&(rid, pidx)| (rid, pidx, u64::from(pidx) * self.page))
+            .collect();
+        for (rid, p0, _, n) in self.runs(&pages) {
+            let va = self.page_va(&g, rid, p0);
+            let run = p0..p0 + n as u32;
+            if let Err(e) = self.device.unmap(va, n * self.page) {
+                for pidx in run {
+                    slots.remove(&(rid, pidx));
+                }
                 first_err.get_or_insert(e.into());
                 continue;
             }
-            let r = g.regions[rid as usize].as_mut().expect("registered region");
-            let h = r.pages[pidx as usize]
-                .handle
-                .take()
-                .expect("a backed page has a handle");
-            r.hot[pidx as usize].set_backed(false);
-            g.owners.remove(&h.0);
-            g.stats.unmaps += 1;
-            g.free_handles.push(h);
-            asleep += 1;
+            for pidx in run {
+                let r = g.regions[rid as usize].as_mut().expect("registered region");
+                let h = r.pages[pidx as usize]
+                    .handle
+                    .take()
+                    .expect("a backed page has a handle");
+                r.hot[pidx as usize].set_backed(false);
+                g.owners.remove(&h.0);
+                g.stats.unmaps += 1;
+                g.free_handles.push(h);
+                asleep += 1;
+            }
         }
         out.pages_asleep = asleep;
         out.pages_offloaded = slots.len() as u64;
@@ -273,13 +290,14 @@ impl PagePool {
         let mut first_err = None;
         let mut restored = 0;
         if let Some((buf, _)) = sleep.host {
-            for &(rid, pidx) in &todo {
-                let Some(&at) = sleep.slots.get(&(rid, pidx)) else {
-                    continue;
-                };
-                let va = self.page_va(&g, rid, pidx);
-                match self.device.copy_from_host(va, buf, at, self.page) {
-                    Ok(()) => restored += 1,
+            let pages: Vec<(u32, u32, u64)> = todo
+                .iter()
+                .filter_map(|&(rid, pidx)| sleep.slots.get(&(rid, pidx)).map(|&at| (rid, pidx, at)))
+                .collect();
+            for (rid, p0, at, n) in self.runs(&pages) {
+                let va = self.page_va(&g, rid, p0);
+                match self.device.copy_from_host(va, buf, at, n * self.page) {
+                    Ok(()) => restored += n,
                     Err(e) => {
                         first_err.get_or_insert(VmmError::from(e));
                     }
@@ -391,6 +409,27 @@ impl PagePool {
         if let Err(e) = self.device.host_free(drop.0) {
             log::error!("gen-vmm: freeing a pinned buffer: {e}");
         }
+    }
+
+    /// Runs of `(region, page, host offset)` (in order) that are consecutive in the region and in the
+    /// host buffer, at most [`MAX_RUN_PAGES`] long: (region, first page, its offset, pages).
+    fn runs(&self, pages: &[(u32, u32, u64)]) -> Vec<(u32, u32, u64, u64)> {
+        let mut out: Vec<(u32, u32, u64, u64)> = Vec::new();
+        for &(rid, pidx, at) in pages {
+            if let Some(last) = out.last_mut() {
+                let (r0, p0, a0, n) = *last;
+                if r0 == rid
+                    && u64::from(p0) + n == u64::from(pidx)
+                    && a0 + n * self.page == at
+                    && n < MAX_RUN_PAGES
+                {
+                    last.3 += 1;
+                    continue;
+                }
+            }
+            out.push((rid, pidx, at, 1));
+        }
+        out
     }
 
     fn page_va(&self, g: &Inner, rid: u32, pidx: u32) -> u64 {

@@ -293,3 +293,40 @@ fn a_failed_offload_leaves_the_pool_awake_and_mapped() {
     r.decommit(8 * MIB, 2 * MIB);
     r.decommit(0, 4 * MIB);
 }
+
+#[test]
+fn copies_and_unmaps_go_by_runs_of_consecutive_pages() {
+    let dev = backed();
+    let pool = pool_with(&dev, PagePoolConfig::default());
+    let r = Region::new(&pool, 64 * MIB, "t").unwrap();
+    r.commit(0, 8 * MIB, true).unwrap(); // pages 0-3
+    r.commit(20 * MIB, 4 * MIB, true).unwrap(); // pages 10-11
+    let a = pattern(8 * MIB, 21);
+    let b = pattern(4 * MIB, 22);
+    dev.write(r.base(), &a).unwrap();
+    dev.write(r.base() + 20 * MIB, &b).unwrap();
+    let before = dev.calls();
+    pool.sleep(true).unwrap();
+    let d = dev.calls().since(&before);
+    assert_eq!(
+        (
+            d[CallKind::CopyToHost],
+            d[CallKind::Unmap],
+            d[CallKind::PhysRelease]
+        ),
+        (2, 2, 6),
+        "two runs: {d:?}"
+    );
+    let before = dev.calls();
+    pool.wake().unwrap();
+    let d = dev.calls().since(&before);
+    assert_eq!(
+        (d[CallKind::CopyFromHost], d[CallKind::PhysCreate]),
+        (2, 6),
+        "{d:?}"
+    );
+    assert_eq!(read(&dev, r.base(), 8 * MIB), a);
+    assert_eq!(read(&dev, r.base() + 20 * MIB, 4 * MIB), b);
+    r.decommit(0, 8 * MIB);
+    r.decommit(20 * MIB, 4 * MIB);
+}
