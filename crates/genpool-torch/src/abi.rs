@@ -251,6 +251,8 @@ fn stats_value(device: c_int) -> Result<serde_json::Value, PluginError> {
             json!(report::invalid_frees()),
         );
         map.insert("plugin_recorded_blocks".into(), json!(RECORDED.blocks()));
+        // Tagged memory (sleep_abi): the tags' engines on this device, summed.
+        map.insert("tagged".into(), sleep_abi::device_summary(device.into()));
         // Host time inside genpool_malloc / genpool_free (null unless GENPOOL_TIMING is set).
         map.insert("host_timing".into(), timing::json());
     }

@@ -53,7 +53,7 @@ pub(crate) fn last_error() -> String {
         .to_string()
 }
 
-fn stats(device: c_int) -> Value {
+pub(crate) fn stats(device: c_int) -> Value {
     // SAFETY: a null buffer is allowed.
     let n = unsafe { genpool_stats_json(device, null_mut(), 0) };
     assert!(n > 0, "stats of device {device}");
@@ -75,6 +75,8 @@ fn sim(index: usize, capacity: u64) -> (Arc<SimDevice>, c_int) {
         SimDevice::config()
             .capacity(capacity)
             .ordinal(index)
+            // Disjoint addresses per slot (as real GPUs): frees are routed by address across devices.
+            .address_offset(index as u64 * gen_device::sim::ORDINAL_STRIDE)
             .build()
             .unwrap(),
     );
