@@ -87,12 +87,14 @@ def nvml_handle():
     props = torch.cuda.get_device_properties(0)
     bus = getattr(props, "pci_bus_id", None)
     if bus is not None:
-        try:
-            dom = getattr(props, "pci_domain_id", 0)
-            devid = getattr(props, "pci_device_id", 0)
-            return pynvml.nvmlDeviceGetHandleByPciBusId(f"{dom:08x}:{bus:02x}:{devid:02x}.0".encode())
-        except pynvml.NVMLError:
-            pass
+        dom = getattr(props, "pci_domain_id", 0)
+        devid = getattr(props, "pci_device_id", 0)
+        bus_id = f"{dom:08x}:{bus:02x}:{devid:02x}.0"
+        for arg in (bus_id, bus_id.encode()):
+            try:
+                return pynvml.nvmlDeviceGetHandleByPciBusId(arg)
+            except Exception:  # an older pynvml wants bytes, a newer one str
+                pass
     vis = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
     return pynvml.nvmlDeviceGetHandleByIndex(int(vis) if vis.isdigit() else 0)
 
