@@ -459,3 +459,5 @@ def _install_pluggable(torch, lib, oom: str):
             f"PyTorch refused to switch allocators ({e}); call genpool_torch.install() before any CUDA use"
         ) from e
     return alloc
+from .sleep import GenpoolSleepError, current_tag, region, sleep, sleeping, tags_info, wake  # noqa: E402,F401
+__all__ += ["GenpoolSleepError", "region", "sleep", "wake", "sleeping", "tags_info", "current_tag"]

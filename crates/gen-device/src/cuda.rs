@@ -47,8 +47,8 @@ use cudarc::driver::sys;
 use parking_lot::{Mutex, RwLock};
 
 use crate::{
-    Device, DeviceError, DeviceProps, DevicePtr, EventHandle, PhysHandle, PoolHandle, PoolUsage,
-    Reserved, Result, StreamId,
+    Device, DeviceError, DeviceProps, DevicePtr, EventHandle, HostHandle, PhysHandle, PoolHandle,
+    PoolUsage, Reserved, Result, StreamId,
 };
 
 /// A raw driver handle (context, pool, event or stream) held as an integer.
@@ -66,6 +66,26 @@ fn usize_of(call: &'static str, v: u64) -> Result<usize> {
         call,
         detail: format!("{v:#x} bytes do not fit in usize"),
     })
+}
+
+/// The host address of `[offset, offset + bytes)` of pinned buffer `host`, checked against its length.
+fn host_range(
+    hosts: &HashMap<u64, u64>,
+    call: &'static str,
+    host: HostHandle,
+    offset: u64,
+    bytes: u64,
+) -> Result<u64> {
+    let Some(&len) = hosts.get(&host.0) else {
+        return Err(inval(call, format!("unknown pinned buffer {:#x}", host.0)));
+    };
+    match offset.checked_add(bytes) {
+        Some(end) if end <= len => Ok(host.0 + offset),
+        _ => Err(inval(
+            call,
+            format!("[{offset:#x}, +{bytes:#x}) is outside the pinned buffer of {len:#x} bytes"),
+        )),
+    }
 }
 
 fn inval(call: &'static str, detail: impl Into<String>) -> DeviceError {
@@ -95,6 +115,9 @@ pub struct CudaDevice {
     pools: RwLock<HashMap<Raw, AtomicU64>>,
     events: RwLock<HashSet<Raw>>,
     streams: Mutex<HashSet<Raw>>,
+    /// Pinned host buffers (address -> length). Copies hold the lock across the driver call, so a
+    /// buffer cannot be freed while a copy uses it.
+    hosts: Mutex<HashMap<u64, u64>>,
     errors: Mutex<Vec<DeviceError>>,
     torn_down: bool,
 }
@@ -173,6 +196,7 @@ impl CudaDevice {
             pools: RwLock::new(HashMap::new()),
             events: RwLock::new(HashSet::new()),
             streams: Mutex::new(HashSet::new()),
+            hosts: Mutex::new(HashMap::new()),
             errors: Mutex::new(Vec::new()),
             torn_down: false,
         };
@@ -259,6 +283,13 @@ impl CudaDevice {
             // SAFETY: the pool was created by this device and is destroyed once (drained). With
             // allocations outstanding the driver defers the release until they are freed.
             if let Err(err) = unsafe { raw::pool_destroy(to_ptr(p)) } {
+                errs.push(err);
+            }
+        }
+        for (h, _) in self.hosts.get_mut().drain() {
+            // SAFETY: the buffer was made by `host_alloc` and is freed once (drained); no copy runs (we
+            // hold `&mut self`).
+            if let Err(err) = unsafe { raw::mem_free_host(h) } {
                 errs.push(err);
             }
         }
@@ -639,6 +670,68 @@ impl Device for CudaDevice {
     fn read(&self, src: DevicePtr, out: &mut [u8]) -> Result<()> {
         self.enter()?;
         raw::memcpy_dtoh(out, src)
+    }
+
+    fn host_alloc(&self, bytes: u64) -> Result<HostHandle> {
+        let call = "cuMemAllocHost";
+        if bytes == 0 {
+            return Err(inval(call, "zero bytes"));
+        }
+        self.enter()?;
+        let p = raw::mem_alloc_host(usize_of(call, bytes)?)?;
+        self.hosts.lock().insert(p, bytes);
+        Ok(HostHandle(p))
+    }
+
+    fn host_free(&self, host: HostHandle) -> Result<()> {
+        let call = "cuMemFreeHost";
+        self.enter()?;
+        let mut hosts = self.hosts.lock();
+        if !hosts.contains_key(&host.0) {
+            return Err(inval(call, format!("unknown pinned buffer {:#x}", host.0)));
+        }
+        // SAFETY: the buffer is live (registered) and removed below, so it is freed once; copies hold
+        // the lock, so none is running.
+        unsafe { raw::mem_free_host(host.0) }?;
+        hosts.remove(&host.0);
+        Ok(())
+    }
+
+    fn copy_to_host(
+        &self,
+        host: HostHandle,
+        offset: u64,
+        src: DevicePtr,
+        bytes: u64,
+    ) -> Result<()> {
+        let call = "cuMemcpyDtoH";
+        self.enter()?;
+        let hosts = self.hosts.lock();
+        let at = host_range(&hosts, call, host, offset, bytes)?;
+        // SAFETY: `[at, at + bytes)` lies inside a live pinned buffer of this device (checked above),
+        // which cannot be freed while the lock is held; the driver validates the device range.
+        unsafe { raw::memcpy_dtoh_raw(at, src, usize_of(call, bytes)?) }
+    }
+
+    fn copy_from_host(
+        &self,
+        dst: DevicePtr,
+        host: HostHandle,
+        offset: u64,
+        bytes: u64,
+    ) -> Result<()> {
+        let call = "cuMemcpyHtoD";
+        self.enter()?;
+        let hosts = self.hosts.lock();
+        let at = host_range(&hosts, call, host, offset, bytes)?;
+        // SAFETY: as in `copy_to_host`: the host range is inside a live pinned buffer, locked.
+        unsafe { raw::memcpy_htod_raw(dst, at, usize_of(call, bytes)?) }
+    }
+
+    fn stream_is_capturing(&self, stream: StreamId) -> Result<bool> {
+        self.enter()?;
+        // SAFETY: the stream is the caller's contract (module doc).
+        unsafe { raw::stream_is_capturing(Self::stream(stream)) }
     }
 
     fn memset_async(&self, dst: DevicePtr, byte: u8, len: u64, stream: StreamId) -> Result<()> {

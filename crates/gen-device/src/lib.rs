@@ -101,6 +101,12 @@ pub struct PoolHandle(pub u64);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct EventHandle(pub u64);
 
+/// Pinned (page-locked) host memory made by [`Device::host_alloc`] (`cuMemAllocHost`). The device keeps
+/// the buffer's length: copies to and from it are checked against it, so no raw host pointer crosses
+/// the seam.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HostHandle(pub u64);
+
 /// Static facts about a device.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceProps {
@@ -299,6 +305,31 @@ pub trait Device: Send + Sync + fmt::Debug {
     fn read(&self, src: DevicePtr, out: &mut [u8]) -> Result<()>;
     /// Fill `[dst, dst + len)` with `byte`, stream-ordered on `stream`.
     fn memset_async(&self, dst: DevicePtr, byte: u8, len: u64, stream: StreamId) -> Result<()>;
+
+    // ---- pinned host memory (sleep with offload) ----
+
+    /// Allocate `bytes` of pinned host memory (`cuMemAllocHost`). Not counted in [`Device::reserved`].
+    fn host_alloc(&self, bytes: u64) -> Result<HostHandle>;
+    /// Release pinned host memory made by [`Device::host_alloc`] (`cuMemFreeHost`).
+    fn host_free(&self, host: HostHandle) -> Result<()>;
+    /// Copy `bytes` of device memory at `src` into `host` at `offset` (`cuMemcpyDtoH`, synchronous).
+    /// A range outside the buffer is [`DeviceError::InvalidArgument`].
+    fn copy_to_host(&self, host: HostHandle, offset: u64, src: DevicePtr, bytes: u64)
+        -> Result<()>;
+    /// Copy `bytes` of `host` from `offset` to device memory at `dst` (`cuMemcpyHtoD`, synchronous).
+    fn copy_from_host(
+        &self,
+        dst: DevicePtr,
+        host: HostHandle,
+        offset: u64,
+        bytes: u64,
+    ) -> Result<()>;
+    /// Whether `stream` is being captured into a CUDA graph now (`cuStreamIsCapturing`). Mapping and
+    /// unmapping memory is illegal during a capture. The default (and the simulator) says no.
+    fn stream_is_capturing(&self, stream: StreamId) -> Result<bool> {
+        let _ = stream;
+        Ok(false)
+    }
 }
 
 #[cfg(test)]

@@ -65,8 +65,8 @@ use std::ops::Index;
 use parking_lot::Mutex;
 
 use crate::{
-    Device, DeviceError, DeviceProps, DevicePtr, EventHandle, PhysHandle, PoolHandle, PoolUsage,
-    Reserved, Result, StreamId,
+    Device, DeviceError, DeviceProps, DevicePtr, EventHandle, HostHandle, PhysHandle, PoolHandle,
+    PoolUsage, Reserved, Result, StreamId,
 };
 
 /// Base of the addresses returned by [`Device::mem_alloc`].
@@ -264,6 +264,14 @@ call_kinds! {
     Memset => "cuMemsetD8Async",
     /// [`Device::mem_info`].
     MemInfo => "cuMemGetInfo",
+    /// [`Device::host_alloc`].
+    HostAlloc => "cuMemAllocHost",
+    /// [`Device::host_free`].
+    HostFree => "cuMemFreeHost",
+    /// [`Device::copy_to_host`].
+    CopyToHost => "cuMemcpyDtoH (pinned)",
+    /// [`Device::copy_from_host`].
+    CopyFromHost => "cuMemcpyHtoD (pinned)",
 }
 
 impl fmt::Display for CallKind {
@@ -327,6 +335,8 @@ pub struct SimOutstanding {
     pub streams: usize,
     /// Events created and not destroyed.
     pub events: usize,
+    /// Pinned host buffers not yet freed.
+    pub host_buffers: usize,
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -531,6 +541,9 @@ struct State {
     next_stream: u64,
     events: BTreeMap<u64, Event>,
     next_event: u64,
+    /// Pinned host buffers: handle -> (length, bytes). Not counted against the device's capacity.
+    hosts: BTreeMap<u64, (u64, Sparse)>,
+    next_host: u64,
     calls: [u64; N_KINDS],
     faults: Vec<VecDeque<Option<DeviceError>>>,
 }
@@ -566,6 +579,8 @@ impl State {
             next_stream: 1,
             events: BTreeMap::new(),
             next_event: 1,
+            hosts: BTreeMap::new(),
+            next_host: 1,
             calls: [0; N_KINDS],
             faults: (0..N_KINDS).map(|_| VecDeque::new()).collect(),
         }
@@ -770,6 +785,28 @@ impl State {
         }
     }
 
+    /// Check `[offset, offset + bytes)` against pinned buffer `host`.
+    fn host_range(
+        &self,
+        call: &'static str,
+        host: HostHandle,
+        offset: u64,
+        bytes: u64,
+    ) -> Result<()> {
+        let Some((len, _)) = self.hosts.get(&host.0) else {
+            return Err(inval(call, format!("unknown pinned buffer {:#x}", host.0)));
+        };
+        match offset.checked_add(bytes) {
+            Some(end) if end <= *len => Ok(()),
+            _ => Err(inval(
+                call,
+                format!(
+                    "[{offset:#x}, +{bytes:#x}) is outside the pinned buffer of {len:#x} bytes"
+                ),
+            )),
+        }
+    }
+
     fn data(&self, t: Target) -> &Sparse {
         match t {
             Target::Plain(k) => &self.plain[&k].data,
@@ -910,6 +947,7 @@ impl SimDevice {
                 .filter(|(&id, s)| id != 0 && !s.destroyed)
                 .count(),
             events: st.events.len(),
+            host_buffers: st.hosts.len(),
         }
     }
 
@@ -1569,6 +1607,83 @@ impl Device for SimDevice {
 
     fn memset_async(&self, dst: DevicePtr, byte: u8, len: u64, stream: StreamId) -> Result<()> {
         self.access(CallKind::Memset, dst, len, Some(stream), Access::Fill(byte))
+    }
+
+    fn host_alloc(&self, bytes: u64) -> Result<HostHandle> {
+        let call = CallKind::HostAlloc.name();
+        let mut st = self.state.lock();
+        st.enter(CallKind::HostAlloc, Some(bytes))?;
+        if bytes == 0 {
+            return Err(inval(call, "zero bytes"));
+        }
+        let h = st.next_host;
+        st.next_host += 1;
+        st.hosts.insert(h, (bytes, Sparse::default()));
+        Ok(HostHandle(h))
+    }
+
+    fn host_free(&self, host: HostHandle) -> Result<()> {
+        let call = CallKind::HostFree.name();
+        let mut st = self.state.lock();
+        st.enter(CallKind::HostFree, None)?;
+        match st.hosts.remove(&host.0) {
+            Some(_) => Ok(()),
+            None => Err(inval(call, format!("unknown pinned buffer {:#x}", host.0))),
+        }
+    }
+
+    fn copy_to_host(
+        &self,
+        host: HostHandle,
+        offset: u64,
+        src: DevicePtr,
+        bytes: u64,
+    ) -> Result<()> {
+        let call = CallKind::CopyToHost.name();
+        let mut st = self.state.lock();
+        st.enter(CallKind::CopyToHost, None)?;
+        st.host_range(call, host, offset, bytes)?;
+        let segs = st.segments(call, src, bytes)?;
+        if !self.backed {
+            return Ok(());
+        }
+        let mut buf = vec![0u8; bytes as usize];
+        let mut done = 0usize;
+        for (t, off, n) in segs {
+            st.data(t).read(off, &mut buf[done..done + n as usize]);
+            done += n as usize;
+        }
+        st.hosts
+            .get_mut(&host.0)
+            .expect("checked")
+            .1
+            .write(offset, &buf);
+        Ok(())
+    }
+
+    fn copy_from_host(
+        &self,
+        dst: DevicePtr,
+        host: HostHandle,
+        offset: u64,
+        bytes: u64,
+    ) -> Result<()> {
+        let call = CallKind::CopyFromHost.name();
+        let mut st = self.state.lock();
+        st.enter(CallKind::CopyFromHost, None)?;
+        st.host_range(call, host, offset, bytes)?;
+        let segs = st.segments(call, dst, bytes)?;
+        if !self.backed {
+            return Ok(());
+        }
+        let mut buf = vec![0u8; bytes as usize];
+        st.hosts[&host.0].1.read(offset, &mut buf);
+        let mut done = 0usize;
+        for (t, off, n) in segs {
+            st.data_mut(t).write(off, &buf[done..done + n as usize]);
+            done += n as usize;
+        }
+        Ok(())
     }
 }
 

@@ -57,15 +57,17 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use gen_device::{Device, DeviceError, DevicePtr, EventHandle, PhysHandle, StreamId};
 
 mod freeset;
+mod sleep;
 mod tally;
 use freeset::FreeSet;
 use parking_lot::Mutex;
+pub use sleep::{Slept, Woken};
 pub use tally::PageTally;
 
 /// Errors of the page layer.
@@ -107,6 +109,16 @@ pub enum VmmError {
     /// The device has no virtual-memory management.
     #[error("device does not support virtual memory management")]
     Unsupported,
+    /// A commit while the pool is asleep ([`PagePool::sleep`]): its pages are given back to the driver
+    /// until [`PagePool::wake`].
+    #[error("the page pool is asleep: no page can be committed until it is woken")]
+    Asleep,
+    /// [`PagePool::sleep`] on a pool that is asleep already.
+    #[error("the page pool is asleep already")]
+    AlreadyAsleep,
+    /// [`PagePool::wake`] on a pool that is not asleep.
+    #[error("the page pool is not asleep")]
+    NotAsleep,
 }
 
 /// Configuration of a [`PagePool`].
@@ -176,6 +188,15 @@ pub struct PagePoolStats {
     pub revivals: u64,
     /// Pages given back to the driver.
     pub releases: u64,
+    /// Whether the pool is asleep ([`PagePool::sleep`]).
+    pub asleep: bool,
+    /// Pages referenced by live blocks whose physical memory is given back while the pool sleeps (counted
+    /// in `pages_in_use` too, not in `pages_held`).
+    pub pages_asleep: u64,
+    /// Of those, pages whose contents wait in pinned host memory to be restored at wake.
+    pub pages_offloaded: u64,
+    /// Bytes of pinned host memory held for offloaded contents (kept after a wake for the next sleep).
+    pub host_bytes: u64,
 }
 
 impl PagePoolStats {
@@ -323,6 +344,10 @@ struct Inner {
     owners: HashMap<u64, (u32, u32)>,
     /// A zombie made during this commit may still be in use: the commit records a fence at its end.
     unfenced: bool,
+    /// `Some` while the pool is asleep (see [`PagePool::sleep`]).
+    sleep: Option<sleep::Sleep>,
+    /// A pinned host buffer kept from the last wake for the next offload: (buffer, bytes).
+    spare_host: Option<(gen_device::HostHandle, u64)>,
 }
 
 /// Old mappings kept at least, with [`PagePoolConfig::keep_old_mappings`] (else as many as pages held).
@@ -342,6 +367,9 @@ pub struct PagePool {
     /// [`PagePool::set_slack`]). Read without the lock by callers deciding whether to grow.
     slack: AtomicU64,
     page: u64,
+    /// Whether the pool is asleep ([`PagePool::sleep`]); read without the lock by allocators that must
+    /// refuse before handing out memory from pages they already hold.
+    asleep: AtomicBool,
     inner: Mutex<Inner>,
     device: Arc<dyn Device>,
     cfg: PagePoolConfig,
@@ -385,7 +413,10 @@ impl PagePool {
                 zombies: VecDeque::new(),
                 owners: HashMap::new(),
                 unfenced: false,
+                sleep: None,
+                spare_host: None,
             }),
+            asleep: AtomicBool::new(false),
             slack: AtomicU64::new(slack.to_bits()),
         }))
     }
@@ -411,6 +442,13 @@ impl PagePool {
         let mut s = g.stats;
         s.pages_free_mapped = g.free_mapped.len();
         s.pages_free_unmapped = g.free_handles.len() as u64;
+        s.asleep = g.sleep.is_some();
+        if let Some(z) = &g.sleep {
+            s.pages_asleep = z.pages;
+            s.pages_offloaded = z.slots.len() as u64;
+        }
+        s.host_bytes = g.sleep.as_ref().and_then(|z| z.host).map_or(0, |(_, b)| b)
+            + g.spare_host.map_or(0, |(_, b)| b);
         s
     }
 
@@ -751,6 +789,9 @@ impl PagePool {
                     .expect("registered region")
                     .in_use);
             }
+        }
+        if g.sleep.is_some() {
+            return Err(VmmError::Asleep);
         }
         // Plan: pages that need a physical page mapped under them.
         let need = {
@@ -1131,6 +1172,14 @@ impl PagePool {
                 p.set_freed(g.epoch);
                 r.in_use -= 1;
                 g.stats.pages_in_use -= 1;
+                if !p.backed() {
+                    // Asleep (a referenced page is backed otherwise): nothing is mapped to free; its
+                    // offloaded contents are not needed any more.
+                    if let Some(z) = g.sleep.as_mut() {
+                        z.forget(rid, pidx as u32);
+                    }
+                    continue;
+                }
                 if !self.cfg.eager_unmap {
                     g.free_mapped.insert((pidx as u32, rid));
                 } else {
@@ -1195,6 +1244,19 @@ impl PagePool {
                 r.pages[pidx].zombie = None;
             }
             if p.handle.is_none() {
+                if refs > 0 {
+                    // Asleep: no physical page under it.
+                    let r = g.regions[rid as usize].as_mut().expect("registered region");
+                    log::error!(
+                        "gen-vmm: region '{}' dropped with page {pidx} still referenced (asleep)",
+                        r.name
+                    );
+                    r.hot[pidx] = PageHot::default();
+                    g.stats.pages_in_use -= 1;
+                    if let Some(z) = g.sleep.as_mut() {
+                        z.forget(rid, pidx as u32);
+                    }
+                }
                 continue;
             }
             let r = g.regions[rid as usize].as_ref().expect("registered region");
@@ -1247,6 +1309,12 @@ impl Drop for PagePool {
         for h in g.free_handles.drain(..) {
             if let Err(e) = self.device.phys_release(h) {
                 log::error!("gen-vmm: releasing a page at drop failed: {e}");
+            }
+        }
+        let hosts = g.sleep.take().and_then(|z| z.host).into_iter();
+        for (h, _) in hosts.chain(g.spare_host.take()) {
+            if let Err(e) = self.device.host_free(h) {
+                log::error!("gen-vmm: freeing a pinned buffer at drop failed: {e}");
             }
         }
     }

@@ -10,6 +10,7 @@ use crate::error::PluginError;
 use crate::recorded::RECORDED;
 use crate::registry::{self, DeviceState};
 use crate::report;
+use crate::sleep_abi;
 use crate::timing;
 
 /// A CUDA stream handle (`cudaStream_t`, i.e. `CUstream`); NULL is the legacy default stream.
@@ -67,6 +68,18 @@ pub extern "C" fn genpool_malloc(size: usize, device: c_int, stream: cudaStream_
             if size == 0 {
                 return std::ptr::null_mut();
             }
+            // Tagged memory (sleep_abi): one thread-local read when the thread has no tag.
+            if let Some(res) =
+                sleep_abi::tagged_alloc(size as u64, device.into(), stream_id(stream))
+            {
+                return match res {
+                    Ok(p) => std::ptr::without_provenance_mut(p as usize),
+                    Err(e) => {
+                        fail(&e);
+                        std::ptr::null_mut()
+                    }
+                };
+            }
             match registry::state(device.into())
                 .and_then(|s| s.alloc(size as u64, stream_id(stream)))
             {
@@ -102,6 +115,10 @@ pub extern "C" fn genpool_free(ptr: *mut c_void, size: usize, device: c_int, str
                 return;
             }
             let addr = ptr.addr() as u64;
+            // Tagged memory (sleep_abi): only once some tag has an engine.
+            if sleep_abi::tagged_free(addr, stream_id(stream)) {
+                return;
+            }
             let res = registry::existing(device.into()).and_then(|s| match s {
                 // A block of another device (freed with the wrong index): route it by address.
                 Some(s) if !s.contains(addr) => match registry::owner_by_address(addr, s.index()) {
@@ -157,7 +174,9 @@ pub extern "C" fn genpool_init(device_count: c_int) {
 #[no_mangle]
 pub extern "C" fn genpool_reset() {
     guard("genpool_reset", (), || {
-        let released: u64 = registry::all_existing().map(|s| s.pool.trim()).sum();
+        let released: u64 = registry::all_existing().map(|s| s.pool.trim()).sum::<u64>()
+            // Tagged memory (sleep_abi).
+            + sleep_abi::trim_all();
         log::info!("genpool: empty_cache released {released} B");
     })
 }
@@ -182,8 +201,13 @@ pub extern "C" fn genpool_set_memory_fraction(fraction: f64, device: c_int) {
 pub extern "C" fn genpool_record_stream(ptr: *mut c_void, stream: cudaStream_t) {
     guard("genpool_record_stream", (), || {
         let addr = ptr.addr() as u64;
-        match registry::all_existing().find(|s| s.pool.lookup(addr).is_some()) {
-            Some(s) => RECORDED.record(s.index(), addr, stream_id(stream)),
+        let owner = registry::all_existing()
+            .find(|s| s.pool.lookup(addr).is_some())
+            .map(|s| s.index())
+            // Tagged memory (sleep_abi).
+            .or_else(|| sleep_abi::tagged_device(addr));
+        match owner {
+            Some(index) => RECORDED.record(index, addr, stream_id(stream)),
             None => {
                 let e: PluginError = GenpoolError::InvalidFree {
                     ptr: addr,
@@ -227,6 +251,8 @@ fn stats_value(device: c_int) -> Result<serde_json::Value, PluginError> {
             json!(report::invalid_frees()),
         );
         map.insert("plugin_recorded_blocks".into(), json!(RECORDED.blocks()));
+        // Tagged memory (sleep_abi): the tags' engines on this device, summed.
+        map.insert("tagged".into(), sleep_abi::device_summary(device.into()));
         // Host time inside genpool_malloc / genpool_free (null unless GENPOOL_TIMING is set).
         map.insert("host_timing".into(), timing::json());
     }

@@ -18,6 +18,7 @@ use crate::pools::{self, PrivatePool};
 use crate::recorded::RECORDED;
 use crate::registry::{self, DeviceState, MAX_DEVICES};
 use crate::report;
+use crate::sleep_abi;
 use crate::stats::{DeviceCounters, GenpoolStat};
 
 /// Success.
@@ -30,6 +31,8 @@ pub const GENPOOL_E_INVALID: c_int = 2;
 pub const GENPOOL_E_FREE: c_int = 3;
 /// Anything else (a device call failed, an internal error); the last error says what.
 pub const GENPOOL_E_INTERNAL: c_int = 4;
+/// The allocation's tag (or the device's default pool) is asleep (`genpool_sleep`).
+pub const GENPOOL_E_ASLEEP: c_int = 5;
 
 #[allow(clippy::declare_interior_mutable_const)]
 const COUNTERS_INIT: DeviceCounters = DeviceCounters::new();
@@ -44,6 +47,7 @@ fn code(e: &PluginError) -> c_int {
         PluginError::Engine(GenpoolError::InvalidSize { .. }) => GENPOOL_E_OOM,
         PluginError::OverFraction { .. } => GENPOOL_E_OOM,
         PluginError::Engine(GenpoolError::InvalidFree { .. }) => GENPOOL_E_FREE,
+        PluginError::Engine(GenpoolError::Asleep) => GENPOOL_E_ASLEEP,
         PluginError::InvalidDevice { .. } | PluginError::UnknownPool { .. } => GENPOOL_E_INVALID,
         _ => GENPOOL_E_INTERNAL,
     }
@@ -80,12 +84,16 @@ fn alloc(
     state.check_cap(size, || counters.live_bytes())?;
     let stream = stream.addr() as u64;
     let b = match &private {
-        None => {
-            let b = state.pool.alloc(size, stream, Hint::NONE)?;
-            state.note_range(b.ptr, b.size);
-            b
-        }
         Some(p) => p.pool.alloc(size, stream, Hint::NONE)?,
+        // A thread inside `genpool_torch.region(tag)` (sleep_abi): the tag's engine.
+        None => match sleep_abi::tagged_alloc_block(size, device.into(), stream) {
+            Some(res) => res?,
+            None => {
+                let b = state.pool.alloc(size, stream, Hint::NONE)?;
+                state.note_range(b.ptr, b.size);
+                b
+            }
+        },
     };
     counters.on_alloc(b.size, size);
     Ok((b.ptr, b.size))
@@ -178,6 +186,11 @@ fn free_in(
 }
 
 fn free(ptr: u64) -> Result<(usize, LiveBlock, u64), PluginError> {
+    if let Some(res) = sleep_abi::tagged_free_owned(ptr) {
+        let (i, b) = res?;
+        COUNTERS[i].on_free(b.size, b.requested);
+        return Ok((i, b, 0));
+    }
     let unknown = |e: &PluginError| {
         matches!(
             e,

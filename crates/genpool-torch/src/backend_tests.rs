@@ -290,3 +290,28 @@ fn cache_info_is_what_can_be_had_within_the_cap() {
     genpool_set_memory_fraction(1.0, d);
     assert_eq!(genpool_backend_cache_info(9999), 0, "invalid device");
 }
+
+#[test]
+fn tagged_allocations_through_the_backend_sleep_and_wake() {
+    let d = sim(25, 8 << 30);
+    let tag = c"backend-test-weights";
+    // SAFETY: a NUL-terminated string.
+    assert_eq!(unsafe { crate::genpool_tag_set(tag.as_ptr()) }, 0);
+    let p = malloc((6 * MIB) as usize, d, 0, 0).unwrap();
+    // SAFETY: a NULL tag returns the thread to the default tag.
+    assert_eq!(unsafe { crate::genpool_tag_set(null()) }, 0);
+    assert_eq!(stats(d).allocated_bytes[0].current, (6 * MIB) as i64);
+    // SAFETY: a NUL-terminated list of tags.
+    assert_eq!(unsafe { crate::genpool_sleep(tag.as_ptr(), 0) }, 0);
+    // SAFETY: as above.
+    assert_eq!(unsafe { crate::genpool_tag_set(tag.as_ptr()) }, 0);
+    assert_eq!(malloc(4096, d, 0, 0), Err(GENPOOL_E_ASLEEP), "a sleeping tag allocates nothing");
+    // SAFETY: as above.
+    unsafe {
+        assert_eq!(crate::genpool_tag_set(null()), 0);
+        assert_eq!(crate::genpool_wake(tag.as_ptr(), 0), 0);
+    }
+    let f = free(p).unwrap();
+    assert_eq!((f.device, f.size), (d, 6 * MIB), "the tag's block frees through the backend");
+    assert_eq!(stats(d).allocated_bytes[0].current, 0);
+}

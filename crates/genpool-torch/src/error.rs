@@ -1,6 +1,6 @@
 //! The plug-in's typed errors. At the C boundary each becomes a NULL / no-op plus a last-error string.
 
-use genpool::{ConfigError, DeviceError, GenpoolError};
+use genpool::{ConfigError, DeviceError, GenpoolError, SleepError};
 
 /// Everything the plug-in can refuse.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -67,6 +67,20 @@ pub enum PluginError {
     /// The statistics could not be serialised.
     #[error("statistics serialisation failed: {0}")]
     Json(String),
+    /// A tag name or tag list the plug-in refuses (`genpool_tag_set`, `genpool_sleep`, `genpool_wake`).
+    #[error("bad tag: {0}")]
+    BadTag(String),
+    /// A tag never set with `genpool_tag_set`.
+    #[error("unknown tag {0:?} (tags are made by genpool_tag_set / genpool_torch.region)")]
+    UnknownTag(String),
+    /// A tag's sleep or wake was refused or failed.
+    #[error("tag {tag:?}: {source}")]
+    Sleep {
+        /// The tag.
+        tag: String,
+        /// Why.
+        source: SleepError,
+    },
     /// A Rust panic was caught at the C boundary (a bug; the call failed safely).
     #[error("internal panic in {call}: {message}")]
     Panic {

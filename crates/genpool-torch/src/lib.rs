@@ -25,6 +25,7 @@ mod pools;
 mod recorded;
 mod registry;
 mod report;
+mod sleep_abi;
 mod stats;
 mod timing;
 
@@ -36,6 +37,12 @@ pub use abi::{
 pub use backend_abi::*;
 pub use error::PluginError;
 pub use registry::MAX_DEVICES;
+pub use sleep_abi::{
+    genpool_sleep, genpool_tag_set, genpool_tags_json, genpool_wake, GENPOOL_ERR_ASLEEP,
+    GENPOOL_ERR_CAPTURING, GENPOOL_ERR_FAILED, GENPOOL_ERR_INVALID, GENPOOL_ERR_NOT_ASLEEP,
+    GENPOOL_ERR_OUT_OF_MEMORY, GENPOOL_ERR_UNKNOWN_TAG, GENPOOL_SLEEP_CAPTURING,
+    GENPOOL_SLEEP_OFFLOAD,
+};
 pub use stats::GenpoolStat;
 
 #[cfg(test)]

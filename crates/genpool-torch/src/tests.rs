@@ -19,6 +19,7 @@
 //! | 9 | `stats_json_is_safe_with_short_buffers` |
 //! | 10 | `record_stream_falls_back_to_synchronize` |
 //! | 11 | `reset_and_trim_release_cached_memory` |
+//! | 12, 13 | `sleep_abi::tests` (tags, sleep, wake) |
 //! | 63 | `untouched_device_reports_uninitialised` (never allocated on) |
 
 use std::ffi::{c_int, c_void, CStr};
@@ -34,11 +35,11 @@ use serde_json::Value;
 use crate::registry::testing;
 use crate::*;
 
-static ERRORS: Mutex<()> = Mutex::new(());
+pub(crate) static ERRORS: Mutex<()> = Mutex::new(());
 
 const NULL_STREAM: cudaStream_t = null_mut();
 
-fn last_error() -> String {
+pub(crate) fn last_error() -> String {
     // SAFETY: a null buffer is allowed.
     let n = unsafe { genpool_last_error(null_mut(), 0) };
     let mut buf = vec![0u8; n + 1];
@@ -52,7 +53,7 @@ fn last_error() -> String {
         .to_string()
 }
 
-fn stats(device: c_int) -> Value {
+pub(crate) fn stats(device: c_int) -> Value {
     // SAFETY: a null buffer is allowed.
     let n = unsafe { genpool_stats_json(device, null_mut(), 0) };
     assert!(n > 0, "stats of device {device}");
@@ -74,6 +75,8 @@ fn sim(index: usize, capacity: u64) -> (Arc<SimDevice>, c_int) {
         SimDevice::config()
             .capacity(capacity)
             .ordinal(index)
+            // Disjoint addresses per slot (as real GPUs): frees are routed by address across devices.
+            .address_offset(index as u64 * gen_device::sim::ORDINAL_STRIDE)
             .build()
             .unwrap(),
     );

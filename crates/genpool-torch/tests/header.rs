@@ -16,8 +16,11 @@ fn header_path() -> PathBuf {
     crate_dir().join("include/genpool.h")
 }
 
+/// The sources that export C functions: `src/abi.rs` and `src/sleep_abi.rs` (tags, sleep, wake).
+const ABI_SOURCES: [&str; 3] = ["src/abi.rs", "src/backend_abi.rs", "src/sleep_abi.rs"];
+
 fn exported_in_source() -> BTreeSet<String> {
-    let src = ["src/abi.rs", "src/backend_abi.rs"]
+    let src: String = ABI_SOURCES
         .iter()
         .map(|f| std::fs::read_to_string(crate_dir().join(f)).unwrap())
         .collect::<Vec<_>>()
@@ -130,7 +133,10 @@ fn compile(compiler: &str, lang: &str, header_dir: &Path) {
            genpool_init(1); genpool_reset(); genpool_set_memory_fraction(0.5, 0);\n\
            size_t n = genpool_stats_json(0, buf, sizeof buf) + genpool_last_error(buf, sizeof buf);\n\
            uint64_t t = genpool_trim(0); genpool_mark_iteration(0);\n\
-           return (int)(n + t);\n\
+           int r = genpool_tag_set(\"weights\") + genpool_sleep(\"weights,default\", GENPOOL_SLEEP_OFFLOAD)\n\
+             + genpool_wake(NULL, 0) + (genpool_tag_set(NULL) == GENPOOL_ERR_INVALID);\n\
+           n += genpool_tags_json(buf, sizeof buf);\n\
+           return (int)(n + t) + r;\n\
          }\n",
     )
     .unwrap();

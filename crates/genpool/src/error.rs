@@ -108,6 +108,10 @@ pub enum GenpoolError {
     /// Bad configuration.
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
+    /// An allocation from a pool that is asleep ([`Pool::sleep`](crate::Pool::sleep)): its physical
+    /// memory is given back until [`Pool::wake`](crate::Pool::wake).
+    #[error("the pool is asleep: allocations are refused until it is woken")]
+    Asleep,
 }
 
 impl GenpoolError {

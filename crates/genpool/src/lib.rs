@@ -25,6 +25,7 @@ mod meta;
 mod pool;
 #[cfg(feature = "replay")]
 pub mod replay;
+pub mod sleep;
 pub mod stats;
 
 pub use config::{Config, ConfigError, LongTier, MidTier, Routing};
@@ -33,4 +34,5 @@ pub use error::{FreeFault, GenpoolError, OomReport, Result, TierUsage};
 pub use gen_classifier::Lifetime;
 pub use gen_device::{Device, DeviceError, StreamId};
 pub use pool::{Block, Hint, LiveBlock, Pool, Tier, ALIGN};
+pub use sleep::{SleepError, SleepOptions, SleepReport, WakeReport};
 pub use stats::{PlanSummary, PoolStats, TierStats};

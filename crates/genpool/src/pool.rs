@@ -725,6 +725,10 @@ impl Pool {
                 reason: "larger than the device's memory",
             });
         }
+        // Sleep / wake (crate::sleep): refused before a tier could hand out memory of pages it holds.
+        if self.pages.is_asleep() {
+            return Err(GenpoolError::Asleep);
+        }
         let requested = size;
         let size = size.div_ceil(ALIGN) * ALIGN;
         self.note_stream(stream);
@@ -1580,6 +1584,10 @@ impl Pool {
         // (allocations, frees) per tier, counted by the live-block table under its shard locks.
         let counts = self.meta.counts();
         PoolStats {
+            // Sleep / wake (crate::sleep).
+            asleep: pages.asleep,
+            sleeping_bytes: pages.pages_asleep * pages.page_size,
+            offloaded_bytes: pages.pages_offloaded * pages.page_size,
             allocated_current: self.allocated(),
             allocated_peak: self.hot.live_peak.load(Relaxed),
             reserved_current: self.reserved_now(),

@@ -60,6 +60,13 @@ pub struct PoolStats {
     pub confusion_bytes: [[u64; 3]; 3],
     /// The periodic planner (see `Config::plan`).
     pub plan: PlanSummary,
+    /// Whether the pool is asleep ([`Pool::sleep`](crate::Pool::sleep)): `reserved_current` then
+    /// counts only what stays held, `allocated_current` is unchanged.
+    pub asleep: bool,
+    /// Bytes of pages referenced by live blocks whose physical memory is given back while asleep.
+    pub sleeping_bytes: u64,
+    /// Of those, bytes whose contents wait in pinned host memory for the wake.
+    pub offloaded_bytes: u64,
 }
 
 /// What the periodic planner did (all zero when planning is off).

@@ -603,3 +603,62 @@ pub(super) unsafe fn memset_d8_async(
         sys::cuMemsetD8Async(dst, byte, len, s)
     })
 }
+
+// ---- pinned host memory, capture status ----------------------------------------------------------------
+
+/// `cuMemAllocHost` of `bytes` (page-locked host memory); returns its address.
+pub(super) fn mem_alloc_host(bytes: usize) -> Result<u64> {
+    let mut p: *mut c_void = ptr::null_mut();
+    // SAFETY: `p` is a valid out-pointer; the driver allocates and returns host memory.
+    guarded("cuMemAllocHost", || unsafe {
+        sys::cuMemAllocHost_v2(&mut p, bytes)
+    })
+    .map_err(|e| with_requested(e, bytes as u64))?;
+    Ok(p as usize as u64)
+}
+
+/// `cuMemFreeHost`.
+///
+/// # Safety
+/// `p` was returned by [`mem_alloc_host`], is not freed yet, and no copy into or out of it is running.
+pub(super) unsafe fn mem_free_host(p: u64) -> Result<()> {
+    // SAFETY: the caller guarantees `p` is a live pinned allocation.
+    guarded("cuMemFreeHost", || unsafe {
+        sys::cuMemFreeHost(p as usize as *mut c_void)
+    })
+}
+
+/// `cuMemcpyDtoH` into raw host memory (synchronous).
+///
+/// # Safety
+/// `[dst, dst + bytes)` is host memory valid for writes and not accessed by anything else meanwhile.
+pub(super) unsafe fn memcpy_dtoh_raw(dst: u64, src: CUdeviceptr, bytes: usize) -> Result<()> {
+    // SAFETY: the caller guarantees the host range; the driver validates the device range.
+    guarded("cuMemcpyDtoH", || unsafe {
+        sys::cuMemcpyDtoH_v2(dst as usize as *mut c_void, src, bytes)
+    })
+}
+
+/// `cuMemcpyHtoD` from raw host memory (synchronous: from pinned memory the copy is complete on return).
+///
+/// # Safety
+/// `[src, src + bytes)` is host memory valid for reads and not written meanwhile.
+pub(super) unsafe fn memcpy_htod_raw(dst: CUdeviceptr, src: u64, bytes: usize) -> Result<()> {
+    // SAFETY: the caller guarantees the host range; the driver validates the device range.
+    guarded("cuMemcpyHtoD", || unsafe {
+        sys::cuMemcpyHtoD_v2(dst, src as usize as *const c_void, bytes)
+    })
+}
+
+/// `cuStreamIsCapturing`: whether `s` is capturing into a graph now (an invalidated capture counts).
+///
+/// # Safety
+/// `s` is a live stream or the null stream.
+pub(super) unsafe fn stream_is_capturing(s: CUstream) -> Result<bool> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: `status` is a valid out-pointer; the caller guarantees the stream.
+    guarded("cuStreamIsCapturing", || unsafe {
+        sys::cuStreamIsCapturing(s, &mut status)
+    })?;
+    Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}

@@ -875,3 +875,57 @@ fn map_run_maps_a_run_and_undoes_a_partial_one() {
     }
     d.va_release(va, 4 * g).unwrap();
 }
+
+// ---- pinned host memory ------------------------------------------------------------------------------
+
+#[test]
+fn pinned_host_copies_round_trip_through_a_mapping() {
+    let d = backed();
+    let va = d.va_reserve(2 * G, 0).unwrap();
+    let h = d.phys_create(G).unwrap();
+    d.map(va, G, h).unwrap();
+    let data: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
+    d.write(va + 100, &data).unwrap();
+    let host = d.host_alloc(2 * G).unwrap();
+    assert_eq!(d.outstanding().host_buffers, 1);
+    assert_eq!(
+        d.reserved().current,
+        G,
+        "pinned memory is not device memory"
+    );
+    d.copy_to_host(host, G, va, G).unwrap();
+    // Overwrite the device copy, then restore it from the host buffer at another mapping.
+    d.memset_async(va, 0xee, G, 0).unwrap();
+    d.unmap(va, G).unwrap();
+    d.phys_release(h).unwrap();
+    let h2 = d.phys_create(G).unwrap();
+    d.map(va + G, G, h2).unwrap();
+    d.copy_from_host(va + G, host, G, G).unwrap();
+    let mut out = vec![0u8; data.len()];
+    d.read(va + G + 100, &mut out).unwrap();
+    assert_eq!(out, data);
+    // Misuse: outside the buffer, unknown buffer, unmapped device range; nothing changes.
+    assert_inval(
+        d.copy_to_host(host, G + 1, va + G, G),
+        "cuMemcpyDtoH (pinned)",
+    );
+    assert_inval(
+        d.copy_from_host(va + G, host, u64::MAX, 2),
+        "cuMemcpyHtoD (pinned)",
+    );
+    assert_inval(
+        d.copy_to_host(HostHandle(999), 0, va + G, 16),
+        "cuMemcpyDtoH (pinned)",
+    );
+    assert_inval(d.copy_to_host(host, 0, va, 16), "cuMemcpyDtoH (pinned)");
+    assert_inval(d.host_alloc(0), "cuMemAllocHost");
+    d.host_free(host).unwrap();
+    assert_inval(d.host_free(host), "cuMemFreeHost");
+    assert_eq!(d.outstanding().host_buffers, 0);
+    d.fail_next(CallKind::HostAlloc);
+    assert_oom(d.host_alloc(G), "cuMemAllocHost");
+    assert!(!d.stream_is_capturing(0).unwrap());
+    d.unmap(va + G, G).unwrap();
+    d.phys_release(h2).unwrap();
+    d.va_release(va, 2 * G).unwrap();
+}
