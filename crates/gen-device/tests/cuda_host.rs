@@ -1,5 +1,6 @@
 //! Pinned host memory and copies on a real GPU (issue 22). `#[ignore]`d here; run on the GPU machine with
-//! `--include-ignored`. Prints a reason and returns when no CUDA driver is present.
+//! `--include-ignored`. Without a device it fails, unless
+//! `GENPOOL_SKIP_GPU=1` asks to skip (then it says so in one line).
 
 use gen_device::cuda::CudaDevice;
 use gen_device::{Device, DeviceError, HostHandle};
@@ -11,9 +12,13 @@ const PAGE: u64 = 2 << 20;
 fn pinned_copies_round_trip_and_misuse_is_refused() {
     let d = match CudaDevice::new(0) {
         Ok(d) => d,
-        Err(DeviceError::NoDriver(why)) => {
-            eprintln!("SKIP: no CUDA driver or device ({why})");
+        // No device: a failure, unless the caller asked to skip GPU tests (GENPOOL_SKIP_GPU=1).
+        Err(DeviceError::NoDriver(why)) if std::env::var_os("GENPOOL_SKIP_GPU").is_some() => {
+            eprintln!("SKIP (GENPOOL_SKIP_GPU set): no CUDA driver or device ({why})");
             return;
+        }
+        Err(DeviceError::NoDriver(why)) => {
+            panic!("no CUDA driver or device ({why}); set GENPOOL_SKIP_GPU=1 to skip the GPU tests")
         }
         Err(e) => panic!("CUDA present but unusable: {e}"),
     };

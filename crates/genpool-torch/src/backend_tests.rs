@@ -305,13 +305,21 @@ fn tagged_allocations_through_the_backend_sleep_and_wake() {
     assert_eq!(unsafe { crate::genpool_sleep(tag.as_ptr(), 0) }, 0);
     // SAFETY: as above.
     assert_eq!(unsafe { crate::genpool_tag_set(tag.as_ptr()) }, 0);
-    assert_eq!(malloc(4096, d, 0, 0), Err(GENPOOL_E_ASLEEP), "a sleeping tag allocates nothing");
+    assert_eq!(
+        malloc(4096, d, 0, 0),
+        Err(GENPOOL_E_ASLEEP),
+        "a sleeping tag allocates nothing"
+    );
     // SAFETY: as above.
     unsafe {
         assert_eq!(crate::genpool_tag_set(null()), 0);
         assert_eq!(crate::genpool_wake(tag.as_ptr(), 0), 0);
     }
     let f = free(p).unwrap();
-    assert_eq!((f.device, f.size), (d, 6 * MIB), "the tag's block frees through the backend");
+    assert_eq!(
+        (f.device, f.size),
+        (d, 6 * MIB),
+        "the tag's block frees through the backend"
+    );
     assert_eq!(stats(d).allocated_bytes[0].current, 0);
 }
