@@ -649,9 +649,23 @@ def child_env(environ: Mapping[str, str]) -> Dict[str, str]:
     return env
 
 
+def torch_missing() -> Optional[str]:
+    """One line saying that PyTorch is missing, or ``None`` when ``import torch`` can work."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is not None:
+        return None
+    return ("capture: PyTorch is not installed in this Python (" + sys.executable + "): pip install torch "
+            "(a CUDA build); capturing a trace runs a PyTorch program on a CUDA GPU")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point; returns the exit status (0 = every capture written)."""
+    """Entry point; returns the exit status (0 = every capture written, 2 = PyTorch missing)."""
     args = parse_args(argv)
+    missing = torch_missing()
+    if missing is not None:
+        print(missing, file=sys.stderr)
+        return 2
     if args.snapshot_pickle is not None:
         try:
             print(json.dumps(snapshot_pickle(args.snapshot_pickle)))

@@ -274,6 +274,27 @@ def _cuda():
     return torch.cuda.is_available()
 
 
+class WithoutTorchTest(unittest.TestCase):
+    """``python -m genpool_torch.capture`` where PyTorch cannot be imported (``sys.modules["torch"] =
+    None`` hides it even where it is installed): one line on stderr, exit status 2, no traceback."""
+
+    def test_capture_without_torch_is_one_line_and_status_2(self):
+        hide = ("import runpy, sys; sys.modules['torch'] = None; "
+                "runpy.run_module('genpool_torch.capture', run_name='__main__', alter_sys=True)")
+        for args in (["gpt2_prefetch"], ["--snapshot-pickle", "x.pickle"]):
+            with tempfile.TemporaryDirectory() as d:
+                env = dict(os.environ, PYTHONPATH=str(HERE.parent))
+                r = subprocess.run([sys.executable, "-c", hide, *([d] if args[0][0] != "-" else []), *args],
+                                   env=env, capture_output=True, text=True, timeout=60, cwd=d)
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertNotIn("Traceback", r.stderr)
+                lines = r.stderr.strip().splitlines()
+                self.assertEqual(len(lines), 1, r.stderr)
+                self.assertIn("PyTorch is not installed", lines[0])
+                self.assertIn("pip install torch", lines[0])
+                self.assertEqual(os.listdir(d), [], "nothing written")
+
+
 @unittest.skipUnless(_cuda(), "needs torch with a CUDA device")
 class SnapshotOnGpuTest(unittest.TestCase):
     def test_snapshot_fixture(self):

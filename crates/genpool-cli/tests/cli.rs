@@ -1,4 +1,4 @@
-//! End-to-end tests of the `genpool` binary: the embedded trace, every shared trace (few passes),
+//! End-to-end tests of the `genpool` binary: the embedded trace, the four original bundled traces (few passes),
 //! `--json` output parsed, and malformed input (exit 2, one `genpool: file:line: ...` line on stderr).
 
 use std::path::{Path, PathBuf};
@@ -19,11 +19,11 @@ fn stderr(o: &Output) -> String {
     String::from_utf8(o.stderr.clone()).unwrap()
 }
 
-/// The shared real traces: `$GENPOOL_TRACE_DIR`, else `<workspace>/../shared/traces`.
-fn shared_traces() -> PathBuf {
+/// The real traces bundled in the repository: `$GENPOOL_TRACE_DIR`, else `<workspace>/benches/traces`.
+fn bundled_traces() -> PathBuf {
     std::env::var_os("GENPOOL_TRACE_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces"))
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../benches/traces"))
 }
 
 fn json_lines(o: &Output) -> Vec<serde_json::Value> {
@@ -111,21 +111,27 @@ fn json_output_has_the_issue_keys() {
 }
 
 #[test]
-fn every_shared_trace_replays() {
-    let dir = shared_traces();
+fn every_original_trace_replays() {
+    let dir = bundled_traces();
     assert!(
         dir.is_dir(),
-        "shared traces not found at {} (set GENPOOL_TRACE_DIR)",
+        "bundled traces not found at {} (set GENPOOL_TRACE_DIR)",
         dir.display()
     );
-    let mut files: Vec<String> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.to_string_lossy().ends_with(".csv.gz"))
-        .map(|p| p.to_string_lossy().into_owned())
-        .collect();
-    files.sort();
-    assert_eq!(files.len(), 4, "{files:?}");
+    // The four original traces (benches/traces/README.md).
+    let files: Vec<String> = [
+        "gpt2_generate_kv",
+        "gpt2_train_fixed",
+        "gpt2m_train_varlen",
+        "resnet50_train",
+    ]
+    .iter()
+    .map(|n| {
+        dir.join(format!("{n}.csv.gz"))
+            .to_string_lossy()
+            .into_owned()
+    })
+    .collect();
     // Debug builds replay ~20x slower: there one (instrumented) pass through one allocator; in release
     // two passes (one timed) through both.
     let mut args = vec!["replay", "--json"];
