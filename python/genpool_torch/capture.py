@@ -7,7 +7,7 @@ Each workload runs in a fresh process under PyTorch's native caching allocator w
 ``torch.cuda.memory._record_memory_history(context="alloc", stacks="python", max_entries=M)``; at the end
 the ``alloc`` and ``free_completed`` events of ``torch.cuda.memory._snapshot()["device_traces"][0]``
 become ``OUTDIR/<workload>.csv.gz``: a header ``t_us,action,addr,size,stream,site``, one event a line, in
-program order (the format of ``shared/traces/README.md``). Stream handles are kept as PyTorch reports them
+program order (the format of ``benches/traces/README.md``). Stream handles are kept as PyTorch reports them
 (0 = the default stream); ``site`` is the 48-bit BLAKE2b hash of the top 8 Python frames of an
 allocation, the same function as gen-trace's ``site_hash`` (0 when the allocation has no frames).
 ``OUTDIR/<workload>.json`` (and one line of ``OUTDIR/captures.jsonl``) holds the figures: events, peak

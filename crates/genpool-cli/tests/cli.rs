@@ -337,3 +337,89 @@ fn analyze_names_the_dominant_waste() {
         "{text}"
     );
 }
+
+fn genpool_with_conf(conf: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_genpool"))
+        .env("GENPOOL_CONF", conf)
+        .args(args)
+        .output()
+        .expect("run genpool")
+}
+
+/// `GENPOOL_CONF` configures the engine in every command: an unknown key is the same error (exit 1,
+/// naming the key, before any work) in `replay`, `analyze` and `report` (Markdown and HTML).
+#[test]
+fn every_command_refuses_an_unknown_genpool_conf_key() {
+    let html = std::env::temp_dir().join(format!("genpool-conf-{}.html", std::process::id()));
+    let html = html.to_str().unwrap();
+    let mut first: Option<String> = None;
+    for args in [
+        &["replay", "--passes", "1"][..],
+        &["analyze", "--strategy", "genpool"],
+        &["report", "--strategy", "genpool"],
+        &["report", "--html", html],
+    ] {
+        let o = genpool_with_conf("bogus:1", args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));
+        let err = stderr(&o);
+        assert!(err.contains("GENPOOL_CONF") && err.contains("bogus"), "{args:?}: {err}");
+        assert!(stdout(&o).is_empty(), "{args:?}: no output before the error");
+        match &first {
+            None => first = Some(err),
+            Some(f) => assert_eq!(&err, f, "{args:?}: the same error as replay's"),
+        }
+    }
+    assert!(!Path::new(html).exists(), "no page written");
+}
+
+/// `GENPOOL_CONF` is honoured, not only checked: a smaller slab limit moves blocks out of the slab in
+/// `analyze`'s engine run, so its peak reservation differs from the default's.
+#[test]
+fn analyze_honours_genpool_conf() {
+    let run = |conf: &str| {
+        let o = genpool_with_conf(conf, &["analyze", "--json", "--strategy", "genpool"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+        v["results"][0]["peak_reserved"].as_u64().unwrap()
+    };
+    let default = run("");
+    assert_ne!(run("routing:single"), default, "routing:single changes the engine's layout");
+}
+
+/// `report` says where it wrote, and an unwritable output is an error naming the path.
+#[test]
+fn report_says_where_it_wrote_and_names_a_bad_path() {
+    let dir = std::env::temp_dir().join(format!("genpool-where-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let md = dir.join("r.md");
+    let o = genpool(&["report", "--strategy", "native", "--out", md.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains(&md.display().to_string()), "{}", stderr(&o));
+    assert!(md.is_file());
+    let bad = dir.join("no-such-dir").join("r.html");
+    let o = genpool(&["report", "--html", bad.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains(&bad.display().to_string()), "{}", stderr(&o));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The replay table explains its per-tier figures: own peaks (footnoted) and allocations per pass.
+#[test]
+fn replay_table_shows_per_pass_counts_and_own_peaks() {
+    let o = genpool(&["replay", "--passes", "2", "--device", "sim"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("own peak reserved"), "{out}");
+    assert!(out.contains("allocs a pass*"), "{out}");
+    assert!(out.contains("need not add up to the total"), "{out}");
+    // The embedded trace has 13,149 allocations: the tiers' counts per pass add up to about that.
+    let per_pass: f64 = out
+        .lines()
+        .filter(|l| l.trim_start().starts_with("tier "))
+        .map(|l| {
+            let n = l.split(", ").nth(1).unwrap().split(' ').next().unwrap();
+            n.replace(',', "").parse::<f64>().unwrap()
+        })
+        .sum();
+    assert!((per_pass - 13_149.0).abs() < 1.0, "{per_pass}: {out}");
+}
