@@ -21,7 +21,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-sys.path.insert(0, str(HERE.parent))
+# GENPOOL_TEST_INSTALLED=1: the installed package, not the sources beside this folder.
+INSTALLED = os.environ.get("GENPOOL_TEST_INSTALLED") == "1"
+if not INSTALLED:
+    sys.path.insert(0, str(HERE.parent))
 
 from genpool_torch import capture as cap  # noqa: E402
 
@@ -256,7 +259,7 @@ class CaptureArgsTest(unittest.TestCase):
         self.assertEqual(child.workloads, ["gpt2_prefetch"])
         env = cap.child_env({"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync", "PYTHONPATH": "/x"})
         self.assertNotIn("PYTORCH_CUDA_ALLOC_CONF", env)
-        self.assertEqual(env["PYTHONPATH"].split(os.pathsep), [str(HERE.parent), "/x"])
+        self.assertEqual(env["PYTHONPATH"].split(os.pathsep), [str(Path(cap.__file__).resolve().parent.parent), "/x"])
 
     def test_module_runs_without_torch(self):
         env = cap.child_env(os.environ)
@@ -283,7 +286,7 @@ class WithoutTorchTest(unittest.TestCase):
                 "runpy.run_module('genpool_torch.capture', run_name='__main__', alter_sys=True)")
         for args in (["gpt2_prefetch"], ["--snapshot-pickle", "x.pickle"]):
             with tempfile.TemporaryDirectory() as d:
-                env = dict(os.environ, PYTHONPATH=str(HERE.parent))
+                env = dict(os.environ) if INSTALLED else dict(os.environ, PYTHONPATH=str(HERE.parent))
                 r = subprocess.run([sys.executable, "-c", hide, *([d] if args[0][0] != "-" else []), *args],
                                    env=env, capture_output=True, text=True, timeout=60, cwd=d)
                 self.assertEqual(r.returncode, 2, r.stderr)

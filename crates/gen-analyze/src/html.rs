@@ -440,14 +440,7 @@ fn waste_table(s: &mut String, t: &Timeline) {
     }
     row(s, "every other size", "", "", "", t.waste_other);
     if t.waste_uncharged != 0 {
-        row(
-            s,
-            "growth during frees",
-            "",
-            "",
-            "",
-            t.waste_uncharged,
-        );
+        row(s, "growth during frees", "", "", "", t.waste_uncharged);
     }
     s.push_str("</table>");
 }

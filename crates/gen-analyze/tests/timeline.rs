@@ -26,7 +26,10 @@ fn buckets_hold_every_ops_extremes_and_the_exact_peak() {
     assert_eq!(t.peak_live, trace.summary.peak_live);
     assert!((t.peak_live as f64 / (1u64 << 30) as f64 - 5.69).abs() < 0.006);
     let drawn = t.samples.iter().map(|s| s.trace_live_max).max().unwrap();
-    assert_eq!(drawn, trace.summary.peak_live, "the drawn series reaches the peak");
+    assert_eq!(
+        drawn, trace.summary.peak_live,
+        "the drawn series reaches the peak"
+    );
     // Recompute the live bytes after every op and check each lies in its bucket's band, and that each
     // bucket's band is reached by some op in it.
     assert!(t.samples.len() > 1000, "{} buckets", t.samples.len());
@@ -61,14 +64,21 @@ fn buckets_hold_every_ops_extremes_and_the_exact_peak() {
     }
     // The engine's live bytes are the trace's: its highest bucket is the peak live too.
     let engine_live = t.samples.iter().map(|s| s.live_max()).max().unwrap();
-    assert!(engine_live >= t.peak_live, "{engine_live} < {}", t.peak_live);
+    assert!(
+        engine_live >= t.peak_live,
+        "{engine_live} < {}",
+        t.peak_live
+    );
 }
 
 #[test]
 fn waste_rows_add_up_to_the_stated_total() {
     let (_, t) = llama();
     assert!(!t.waste.is_empty());
-    assert_eq!(t.waste_uncharged, 0, "every growth charged to an allocation");
+    assert_eq!(
+        t.waste_uncharged, 0,
+        "every growth charged to an allocation"
+    );
     let rows: i64 = t.waste.iter().map(|w| w.waste()).sum::<i64>() + t.waste_other;
     assert_eq!(rows, t.waste_total());
     // The page states that total and shows every row's figure, and they add up.
@@ -82,7 +92,11 @@ fn waste_rows_add_up_to_the_stated_total() {
         .skip(1)
         .map(|s| s[..s.find('"').unwrap()].parse().unwrap())
         .collect();
-    assert_eq!(figures.len(), t.waste.len() + 1, "the rows, then every other size");
+    assert_eq!(
+        figures.len(),
+        t.waste.len() + 1,
+        "the rows, then every other size"
+    );
     let stated = &page[page.find(r#"class="waste-total" data-bytes=""#).unwrap()..];
     let stated: i64 = stated.split('"').nth(3).unwrap().parse().unwrap();
     assert_eq!(stated, t.waste_total());

@@ -362,8 +362,14 @@ fn every_command_refuses_an_unknown_genpool_conf_key() {
         let o = genpool_with_conf("bogus:1", args);
         assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));
         let err = stderr(&o);
-        assert!(err.contains("GENPOOL_CONF") && err.contains("bogus"), "{args:?}: {err}");
-        assert!(stdout(&o).is_empty(), "{args:?}: no output before the error");
+        assert!(
+            err.contains("GENPOOL_CONF") && err.contains("bogus"),
+            "{args:?}: {err}"
+        );
+        assert!(
+            stdout(&o).is_empty(),
+            "{args:?}: no output before the error"
+        );
         match &first {
             None => first = Some(err),
             Some(f) => assert_eq!(&err, f, "{args:?}: the same error as replay's"),
@@ -383,7 +389,11 @@ fn analyze_honours_genpool_conf() {
         v["results"][0]["peak_reserved"].as_u64().unwrap()
     };
     let default = run("");
-    assert_ne!(run("routing:single"), default, "routing:single changes the engine's layout");
+    assert_ne!(
+        run("routing:single"),
+        default,
+        "routing:single changes the engine's layout"
+    );
 }
 
 /// `report` says where it wrote, and an unwritable output is an error naming the path.
@@ -392,14 +402,28 @@ fn report_says_where_it_wrote_and_names_a_bad_path() {
     let dir = std::env::temp_dir().join(format!("genpool-where-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let md = dir.join("r.md");
-    let o = genpool(&["report", "--strategy", "native", "--out", md.to_str().unwrap()]);
+    let o = genpool(&[
+        "report",
+        "--strategy",
+        "native",
+        "--out",
+        md.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert!(stderr(&o).contains(&md.display().to_string()), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&md.display().to_string()),
+        "{}",
+        stderr(&o)
+    );
     assert!(md.is_file());
     let bad = dir.join("no-such-dir").join("r.html");
     let o = genpool(&["report", "--html", bad.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(stderr(&o).contains(&bad.display().to_string()), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&bad.display().to_string()),
+        "{}",
+        stderr(&o)
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -139,7 +139,8 @@ fn html_report_is_self_contained_and_draws_every_bucket() {
 #[test]
 #[ignore = "needs Chromium (apt-get install -y chromium, or $CHROMIUM); .ci/run installs it and runs this"]
 fn html_report_renders_in_chromium() {
-    let browser = chromium().expect("no chromium in PATH (apt-get install -y chromium) and no $CHROMIUM");
+    let browser =
+        chromium().expect("no chromium in PATH (apt-get install -y chromium) and no $CHROMIUM");
     let (dir, page, _) = write_page("chromium");
     let profile = dir.join("profile");
     let o = headless(&browser, &profile, &["--dump-dom"], &page);

@@ -82,7 +82,10 @@ fn have(tool: &str) -> bool {
 #[test]
 #[ignore = "needs cbindgen on PATH (cargo install cbindgen); the symbol check runs without it"]
 fn header_is_byte_identical_to_cbindgen_output() {
-    assert!(have("cbindgen"), "cbindgen not on PATH (cargo install cbindgen)");
+    assert!(
+        have("cbindgen"),
+        "cbindgen not on PATH (cargo install cbindgen)"
+    );
     let out = std::env::temp_dir().join(format!("genpool-header-{}.h", std::process::id()));
     let status = Command::new("cbindgen")
         .current_dir(crate_dir())
