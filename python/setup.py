@@ -14,7 +14,7 @@ from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
-from setuptools_rust import Binding, RustExtension
+from setuptools_rust import Binding, RustExtension, Strip
 
 HERE = Path(__file__).resolve().parent
 CRATE = Path(os.environ.get("GENPOOL_CRATE_DIR") or HERE.parent / "crates" / "genpool-torch").resolve()
@@ -49,6 +49,8 @@ setup(
             binding=Binding.NoBinding,
             py_limited_api=False,
             debug=False,
+            # The release profile keeps debug info (27 MB); the wheel ships the library without it.
+            strip=Strip.Debug,
         )
     ],
     cmdclass={"build_py": BuildPyWithHeader},

@@ -29,7 +29,8 @@ pub struct ReportArgs {
     /// Write an HTML report (charts of the engine's replay) to this file instead of Markdown.
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
-    /// HTML: ops between samples of the timeline [default: about 1200 samples per trace].
+    /// HTML: ops per bucket of the timeline (each drawn at its lowest and highest) [default: about 1200
+    /// buckets per trace].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub every: Option<u64>,
 }
