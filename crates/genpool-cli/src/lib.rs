@@ -409,15 +409,16 @@ fn write_table(out: &mut dyn Write, t: &Trace, reports: &[ReplayReport]) -> std:
         if !r.tiers.is_empty() {
             writeln!(
                 out,
-                "    (each tier's own peak, reached at its own moment: they need not add up to the \
-                 total{})",
-                if r.passes > 1 {
-                    "; * allocs over all passes divided by the passes (the classifier learns between \
-                     passes, so a pass's split can differ)"
-                } else {
-                    ""
-                }
+                "    (own peak: each tier's highest, reached at its own moment; they need not add up \
+                 to the total)"
             )?;
+            if r.passes > 1 {
+                writeln!(
+                    out,
+                    "    (* allocs over all passes divided by the passes; the classifier learns \
+                     between passes, so a pass's split can differ)"
+                )?;
+            }
         }
         if let Some(c) = &r.classifier {
             writeln!(
