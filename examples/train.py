@@ -73,7 +73,7 @@ def parse_args(argv=None):
                         "synchronize, and print 'step I MS'")
     p.add_argument("--record-trace", type=Path, default=None,
                    help="native only: record every allocation and free (PyTorch's memory history) and write "
-                        "them as a genpool trace (gzip'd CSV, shared/traces/README.md) to this path")
+                        "them as a genpool trace (gzip'd CSV, benches/traces/README.md) to this path")
     p.add_argument("--genpool-timing", action="store_true",
                    help="GENPOOL_TIMING=1: genpool times its malloc/free calls on the host (a little overhead)")
     args = p.parse_args(argv)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU call for the PyTorch backend (run from the repository root on the GPU machine, with .gpu/ staged:
-# .gpu/bin/libgenpool_torch.so and .gpu/shared/{traces,anchors}). Builds the C++ backend against the
+# .gpu/bin/libgenpool_torch.so and the bundled traces and benches/gpu anchors). Builds the C++ backend against the
 # machine's torch, runs the compatibility suite under native / expandable_segments / genpool, and the
 # anchors' replay and thread benchmarks through PyTorch's entry points with genpool's backend and with the
 # pluggable fallback. Logs under $OUT; the tables last. STEPS picks steps (default: all).
@@ -23,14 +23,14 @@ if has compat; then
   timeout "${T_COMPAT:-420}" python3 benches/gpu/compat.py --jobs "${JOBS:-6}" --json "$OUT/compat.jsonl" --md "$OUT/compat.md" --keep /tmp > "$OUT/compat.log" 2>&1
   cp /tmp/snapshot_genpool.pickle "$OUT/" 2>/dev/null
 fi
-traces=("$G"/shared/traces/*.csv.gz)
+traces=(benches/traces/gpt2_generate_kv.csv.gz benches/traces/gpt2m_train_varlen.csv.gz benches/traces/gpt2_train_fixed.csv.gz benches/traces/resnet50_train.csv.gz)
 if has replay; then
-  timeout 300 python3 "$G"/shared/anchors/torch_replay.py "${traces[@]}" --modes native,expandable,genpool --reps 4 > "$OUT/replay.jsonl" 2> "$OUT/replay.err"
-  GENPOOL_TORCH_BACKEND=pluggable timeout 200 python3 "$G"/shared/anchors/torch_replay.py "${traces[@]}" --modes genpool --reps 4 > "$OUT/replay_pluggable.jsonl" 2>> "$OUT/replay.err"
+  timeout 300 python3 benches/gpu/torch_replay.py "${traces[@]}" --modes native,expandable,genpool --reps 4 > "$OUT/replay.jsonl" 2> "$OUT/replay.err"
+  GENPOOL_TORCH_BACKEND=pluggable timeout 200 python3 benches/gpu/torch_replay.py "${traces[@]}" --modes genpool --reps 4 > "$OUT/replay_pluggable.jsonl" 2>> "$OUT/replay.err"
 fi
 if has threads; then
-  timeout 200 python3 "$G"/shared/anchors/torch_threads.py --modes native,expandable,genpool > "$OUT/threads.jsonl" 2> "$OUT/threads.err"
-  GENPOOL_TORCH_BACKEND=pluggable timeout 120 python3 "$G"/shared/anchors/torch_threads.py --modes genpool > "$OUT/threads_pluggable.jsonl" 2>> "$OUT/threads.err"
+  timeout 200 python3 benches/gpu/torch_threads.py --modes native,expandable,genpool > "$OUT/threads.jsonl" 2> "$OUT/threads.err"
+  GENPOOL_TORCH_BACKEND=pluggable timeout 120 python3 benches/gpu/torch_threads.py --modes genpool > "$OUT/threads_pluggable.jsonl" 2>> "$OUT/threads.err"
 fi
 cat "$OUT/machine.txt"
 tail -3 "$OUT"/*.err 2>/dev/null | tail -20

@@ -10,7 +10,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" GE
 export GENPOOL_SHIM_DIR=/tmp/genpool_cache
 python3 -c 'import genpool_torch, genpool_torch.backend as b; print(b.build(genpool_torch.library_path()))' > "$OUT/build.log" 2>&1
 COMPAT_TIMEOUT=150 timeout 210 python3 benches/gpu/compat.py --jobs 8 --json "$OUT/compat.jsonl" --md "$OUT/compat.md" --keep /tmp > "$OUT/compat.log" 2>&1
-timeout 80 python3 "$G"/shared/anchors/torch_threads.py --modes native,genpool --pairs 100000 > "$OUT/threads.jsonl" 2> "$OUT/threads.err"
+timeout 80 python3 benches/gpu/torch_threads.py --modes native,genpool --pairs 100000 > "$OUT/threads.jsonl" 2> "$OUT/threads.err"
 for m in native expandable genpool; do
   timeout 45 python3 benches/gpu/train_conv.py $m --steps 30 >> "$OUT/train.jsonl" 2>> "$OUT/train.err"
 done

@@ -9,7 +9,8 @@ library, so they also work (and are tested) without PyTorch, on genpool's simula
 (``GENPOOL_DEVICE=sim``).
 
 The library is found, in order: the ``path`` argument, ``$GENPOOL_LIB``, ``libgenpool_torch.so`` next to
-this file, then the repository's ``target/release`` and ``target/debug``.
+this file, the library ``pip install ./python`` bundled next to this file, then the repository's
+``target/release`` and ``target/debug``.
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ def _candidates(path: Optional[Union[str, os.PathLike]]) -> list:
         return [Path(env)]
     here = Path(__file__).resolve().parent
     out += [here / n for n in _LIB_NAMES]
+    # Bundled by `pip install ./python` (setuptools-rust names it libgenpool_torch<EXT_SUFFIX>).
+    out += sorted(p for n in ("libgenpool_torch.*.so", "libgenpool_torch.*.dylib") for p in here.glob(n))
     repo = here.parent.parent
     for profile in ("release", "debug"):
         out += [repo / "target" / profile / n for n in _LIB_NAMES]
@@ -115,8 +118,9 @@ def _load(path: Optional[Union[str, os.PathLike]] = None) -> ctypes.CDLL:
                 _lib, _lib_path = lib, cand.resolve()
                 return lib
         raise GenpoolError(
-            "genpool library not found; build it with `cargo build --release -p genpool-torch` and set "
-            "GENPOOL_LIB to the .so, or copy it next to genpool_torch/__init__.py. Tried: "
+            "genpool library not found; install the package with its library (`pip install ./python` "
+            "from the repository), or build it with `cargo build --release -p genpool-torch` and set "
+            "GENPOOL_LIB to the .so. Tried: "
             + ", ".join(str(c) for c in tried)
         )
 
@@ -389,8 +393,8 @@ def install(path: Optional[Union[str, os.PathLike]] = None, *, device: Optional[
         import torch
     except ImportError as e:
         raise GenpoolInstallError(
-            "genpool_torch.install() needs PyTorch, which is not installed (pip install torch); "
-            "the statistics helpers work without it"
+            f"genpool_torch.install() needs PyTorch, which is not installed here ({e}): "
+            "pip install torch (a CUDA build); the statistics helpers work without it"
         ) from e
     if torch.cuda.is_initialized():
         try:

@@ -7,7 +7,7 @@ Each workload runs in a fresh process under PyTorch's native caching allocator w
 ``torch.cuda.memory._record_memory_history(context="alloc", stacks="python", max_entries=M)``; at the end
 the ``alloc`` and ``free_completed`` events of ``torch.cuda.memory._snapshot()["device_traces"][0]``
 become ``OUTDIR/<workload>.csv.gz``: a header ``t_us,action,addr,size,stream,site``, one event a line, in
-program order (the format of ``shared/traces/README.md``). Stream handles are kept as PyTorch reports them
+program order (the format of ``benches/traces/README.md``). Stream handles are kept as PyTorch reports them
 (0 = the default stream); ``site`` is the 48-bit BLAKE2b hash of the top 8 Python frames of an
 allocation, the same function as gen-trace's ``site_hash`` (0 when the allocation has no frames).
 ``OUTDIR/<workload>.json`` (and one line of ``OUTDIR/captures.jsonl``) holds the figures: events, peak
@@ -649,9 +649,23 @@ def child_env(environ: Mapping[str, str]) -> Dict[str, str]:
     return env
 
 
+def torch_missing() -> Optional[str]:
+    """One line saying that PyTorch is missing, or ``None`` when ``import torch`` can work."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is not None:
+        return None
+    return ("capture: PyTorch is not installed in this Python (" + sys.executable + "): pip install torch "
+            "(a CUDA build); capturing a trace runs a PyTorch program on a CUDA GPU")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point; returns the exit status (0 = every capture written)."""
+    """Entry point; returns the exit status (0 = every capture written, 2 = PyTorch missing)."""
     args = parse_args(argv)
+    missing = torch_missing()
+    if missing is not None:
+        print(missing, file=sys.stderr)
+        return 2
     if args.snapshot_pickle is not None:
         try:
             print(json.dumps(snapshot_pickle(args.snapshot_pickle)))

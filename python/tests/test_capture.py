@@ -21,7 +21,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-sys.path.insert(0, str(HERE.parent))
+# GENPOOL_TEST_INSTALLED=1: the installed package, not the sources beside this folder.
+INSTALLED = os.environ.get("GENPOOL_TEST_INSTALLED") == "1"
+if not INSTALLED:
+    sys.path.insert(0, str(HERE.parent))
 
 from genpool_torch import capture as cap  # noqa: E402
 
@@ -256,7 +259,7 @@ class CaptureArgsTest(unittest.TestCase):
         self.assertEqual(child.workloads, ["gpt2_prefetch"])
         env = cap.child_env({"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync", "PYTHONPATH": "/x"})
         self.assertNotIn("PYTORCH_CUDA_ALLOC_CONF", env)
-        self.assertEqual(env["PYTHONPATH"].split(os.pathsep), [str(HERE.parent), "/x"])
+        self.assertEqual(env["PYTHONPATH"].split(os.pathsep), [str(Path(cap.__file__).resolve().parent.parent), "/x"])
 
     def test_module_runs_without_torch(self):
         env = cap.child_env(os.environ)
@@ -272,6 +275,27 @@ def _cuda():
     except ImportError:
         return False
     return torch.cuda.is_available()
+
+
+class WithoutTorchTest(unittest.TestCase):
+    """``python -m genpool_torch.capture`` where PyTorch cannot be imported (``sys.modules["torch"] =
+    None`` hides it even where it is installed): one line on stderr, exit status 2, no traceback."""
+
+    def test_capture_without_torch_is_one_line_and_status_2(self):
+        hide = ("import runpy, sys; sys.modules['torch'] = None; "
+                "runpy.run_module('genpool_torch.capture', run_name='__main__', alter_sys=True)")
+        for args in (["gpt2_prefetch"], ["--snapshot-pickle", "x.pickle"]):
+            with tempfile.TemporaryDirectory() as d:
+                env = dict(os.environ) if INSTALLED else dict(os.environ, PYTHONPATH=str(HERE.parent))
+                r = subprocess.run([sys.executable, "-c", hide, *([d] if args[0][0] != "-" else []), *args],
+                                   env=env, capture_output=True, text=True, timeout=60, cwd=d)
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertNotIn("Traceback", r.stderr)
+                lines = r.stderr.strip().splitlines()
+                self.assertEqual(len(lines), 1, r.stderr)
+                self.assertIn("PyTorch is not installed", lines[0])
+                self.assertIn("pip install torch", lines[0])
+                self.assertEqual(os.listdir(d), [], "nothing written")
 
 
 @unittest.skipUnless(_cuda(), "needs torch with a CUDA device")

@@ -15,7 +15,11 @@ from unittest import mock
 
 # Every pool this process creates is simulated; must be set before the library makes its first pool.
 os.environ["GENPOOL_DEVICE"] = "sim"
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# GENPOOL_TEST_INSTALLED=1 (.ci/run's fresh-venv step): test the installed package and the library it
+# bundles, not the sources beside this folder.
+INSTALLED = os.environ.get("GENPOOL_TEST_INSTALLED") == "1"
+if not INSTALLED:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import genpool_torch as gt  # noqa: E402
 
@@ -25,6 +29,15 @@ def lib():
 
 
 class LibraryTest(unittest.TestCase):
+    @unittest.skipUnless(INSTALLED, "GENPOOL_TEST_INSTALLED=1 tests the installed package")
+    def test_installed_package_bundles_its_library_and_header(self):
+        pkg = Path(gt.__file__).resolve().parent
+        self.assertNotIn("GENPOOL_LIB", os.environ)
+        self.assertNotEqual(pkg, Path(__file__).resolve().parent.parent / "genpool_torch", "the installed copy")
+        self.assertEqual(gt.library_path().parent, pkg, "the bundled library, not the repository's target/")
+        self.assertTrue(gt.library_path().name.startswith("libgenpool_torch"))
+        self.assertTrue((pkg / "include" / "genpool.h").is_file(), "the C header is bundled")
+
     def test_malloc_free_round_trip_updates_memory_stats(self):
         before = gt.memory_stats(1)
         p = lib().genpool_malloc(1000, 1, None)
@@ -235,8 +248,12 @@ class InstallTest(unittest.TestCase):
 
     def test_without_torch(self):
         with mock.patch.dict(sys.modules, {"torch": None}):
-            with self.assertRaises(gt.GenpoolInstallError):
+            with self.assertRaises(gt.GenpoolInstallError) as ctx:
                 gt.install(backend="pluggable")
+        msg = str(ctx.exception)
+        self.assertNotIn("\n", msg, "one line")
+        self.assertIn("needs PyTorch", msg)
+        self.assertIn("pip install torch", msg)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 //! Prints every strategy's ratio on the given traces next to the measured anchors:
-//! `cargo run --release -p gen-analyze --example anchors -- ../shared/traces/*.csv.gz`.
+//! `cargo run --release -p gen-analyze --example anchors -- benches/traces/*.csv.gz`.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut out = std::io::stdout();

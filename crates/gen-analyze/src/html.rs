@@ -2,7 +2,8 @@
 //! set of traces, drawn from [`Timeline`]s and, when given, the [`Analysis`] of the same trace.
 //!
 //! Per trace: the strategies' ratios and the recommendation; live and reserved bytes over time, per
-//! tier, stacked (with the trace's live bytes as the floor); lifetime histograms per class; the
+//! tier, stacked (with the trace's live bytes as the floor), one point per bucket of ops at the bucket's
+//! highest total and a line at its lowest, so no peak falls between points; lifetime histograms per class; the
 //! classifier's confusion matrix; the sizes that waste the most. Every drawn series is an SVG `path`
 //! or `polyline` with `class="series"`, a `data-series` name and a `data-points` count, so a test (or
 //! a reader of the DOM) can check what was drawn.
@@ -130,19 +131,22 @@ impl Frame {
     }
 }
 
-/// A stacked area chart of `series(sample) → per-tier bytes`, with the trace's live bytes drawn over it.
+/// A stacked area chart of `values(bucket) → per-tier bytes` at each bucket's highest total, with a
+/// line at each bucket's lowest total (`min(bucket)`) and the trace's live bytes drawn over it as a band
+/// from its lowest to its highest in each bucket.
 fn stacked_chart(
     s: &mut String,
     t: &Timeline,
     what: &str,
     values: &dyn Fn(&crate::timeline::Sample) -> &[u64],
+    min: &dyn Fn(&crate::timeline::Sample) -> u64,
 ) {
     let tiers = t.tiers.len();
     let totals: Vec<u64> = t.samples.iter().map(|x| values(x).iter().sum()).collect();
     let y_max = totals
         .iter()
         .copied()
-        .chain(t.samples.iter().map(|x| x.trace_live))
+        .chain(t.samples.iter().map(|x| x.trace_live_max))
         .max()
         .unwrap_or(0)
         .max(t.peak_live) as f64;
@@ -198,18 +202,36 @@ fn stacked_chart(
     }
     let mut pts = String::new();
     for x in &t.samples {
+        let _ = write!(pts, "{:.1},{:.1} ", f.x(x.op as f64), f.y(min(x) as f64));
+    }
+    let _ = write!(
+        s,
+        r##"<polyline class="series" data-series="{what}-total-min" data-points="{n}" fill="none" stroke="#555" stroke-width="0.8" points="{p}"><title>{what}, all tiers: lowest in each bucket</title></polyline>"##,
+        n = t.samples.len(),
+        p = pts.trim_end()
+    );
+    let mut d = String::new();
+    for (i, x) in t.samples.iter().enumerate() {
         let _ = write!(
-            pts,
-            "{:.1},{:.1} ",
+            d,
+            "{}{:.1},{:.1}",
+            if i == 0 { "M" } else { "L" },
             f.x(x.op as f64),
-            f.y(x.trace_live as f64)
+            f.y(x.trace_live_max as f64)
+        );
+    }
+    for x in t.samples.iter().rev() {
+        let _ = write!(
+            d,
+            "L{:.1},{:.1}",
+            f.x(x.op as f64),
+            f.y(x.trace_live_min as f64)
         );
     }
     let _ = write!(
         s,
-        r##"<polyline class="series" data-series="{what}-trace-live" data-points="{n}" fill="none" stroke="#222" stroke-width="1.2" stroke-dasharray="4 2" points="{p}"><title>live bytes of the trace</title></polyline></svg>"##,
+        r##"<path class="series" data-series="{what}-trace-live" data-points="{n}" fill="#222" fill-opacity="0.25" stroke="#222" stroke-width="1" d="{d}Z"><title>live bytes of the trace: lowest to highest in each bucket</title></path></svg>"##,
         n = t.samples.len(),
-        p = pts.trim_end()
     );
 }
 
@@ -227,7 +249,7 @@ fn legend(s: &mut String, t: &Timeline) {
             if used { "" } else { " (unused)" }
         );
     }
-    s.push_str(r##"<span><i class="sw" style="background:#222;height:2px"></i>live bytes of the trace</span></p>"##);
+    s.push_str(r##"<span><i class="sw" style="background:#222;opacity:0.4"></i>live bytes of the trace (lowest to highest per bucket)</span><span><i class="sw" style="background:#555;height:1px"></i>all tiers: lowest per bucket</span></p>"##);
 }
 
 /// Lifetime histogram: stacked bars by class over log2 lifetime buckets (y: count, square-root scale
@@ -372,35 +394,53 @@ fn confusion(s: &mut String, t: &Timeline) {
     );
 }
 
+/// `n` bytes with a sign (`−` for negative).
+fn signed(n: i64) -> String {
+    if n < 0 {
+        format!("−{}", human(n.unsigned_abs()))
+    } else {
+        human(n as u64)
+    }
+}
+
 fn waste_table(s: &mut String, t: &Timeline) {
-    let total = t.peak_reserved.saturating_sub(t.live_at_peak);
-    let Some(top) = t.waste.first().map(|w| w.waste().max(1)) else {
-        s.push_str("<p>No size grew the reservation beyond its own live bytes.</p>");
-        return;
-    };
+    let total = t.waste_total();
     let _ = write!(
         s,
         "<p>Each growth of genpool's peak reservation is charged to the size of the allocation that \
-         caused it; a size's waste is what was charged to it minus its live bytes when the reservation \
-         peaked (op {}, {} live). Over all sizes the wastes add up to peak reserved − live at the peak: {}.</p>",
+         caused it; a size's net waste is what was charged to it minus its live bytes when the \
+         reservation peaked (op {}, {} live) — negative for a size whose blocks lived in memory other \
+         sizes had grown. The rows below (the sizes with the largest net waste, then every other size \
+         together) add up to peak reserved − live at the peak: <b class=\"waste-total\" data-bytes=\"{total}\">{}</b>.</p>",
         t.peak_op,
         human(t.live_at_peak),
-        human(total)
+        signed(total)
     );
     s.push_str(
-        r#"<table class="waste"><tr><th>size</th><th>allocations</th><th>peak growth charged</th><th>live at peak</th><th class="l">waste</th></tr>"#,
+        r#"<table class="waste"><tr><th>size</th><th>allocations</th><th>peak growth charged</th><th>live at peak</th><th class="l">net waste</th></tr>"#,
     );
-    for w in &t.waste {
+    let top = t.waste.first().map_or(1, |w| w.waste().max(1));
+    let row = |s: &mut String, size: &str, allocs: &str, charged: &str, live: &str, w: i64| {
         let _ = write!(
             s,
-            r#"<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class="l"><i class="bar" style="width:{:.0}px"></i> {}</td></tr>"#,
-            human(w.size),
-            w.allocs,
-            human(w.charged),
-            human(w.live_at_peak),
-            w.waste() as f64 / top as f64 * 200.0,
-            human(w.waste().max(0) as u64)
+            r#"<tr><td>{size}</td><td>{allocs}</td><td>{charged}</td><td>{live}</td><td class="l" data-bytes="{w}"><i class="bar" style="width:{:.0}px"></i> {}</td></tr>"#,
+            w.max(0) as f64 / top as f64 * 200.0,
+            signed(w)
         );
+    };
+    for w in &t.waste {
+        row(
+            s,
+            &human(w.size),
+            &w.allocs.to_string(),
+            &human(w.charged),
+            &human(w.live_at_peak),
+            w.waste(),
+        );
+    }
+    row(s, "every other size", "", "", "", t.waste_other);
+    if t.waste_uncharged != 0 {
+        row(s, "growth during frees", "", "", "", t.waste_uncharged);
     }
     s.push_str("</table>");
 }
@@ -458,7 +498,7 @@ pub fn write_html(
     for t in timelines {
         let _ = write!(
             s,
-            r#"<section class="trace" data-trace="{name}"><h2>{name}</h2><p>{} ops, peak live {}, genpool peak reserved {} (ratio {}) at op {}; {} samples, one every {} ops.</p>"#,
+            r#"<section class="trace" data-trace="{name}"><h2>{name}</h2><p>{} ops, peak live {}, genpool peak reserved {} (ratio {}) at op {}; the charts show {} buckets of {} ops, each drawn at its highest total (the stacked tiers) and its lowest (the thin line), so every peak is drawn exactly.</p>"#,
             t.ops,
             human(t.peak_live),
             human(t.peak_reserved),
@@ -474,9 +514,9 @@ pub fn write_html(
         }
         s.push_str("<h3>Reserved bytes per tier (stacked)</h3>");
         legend(&mut s, t);
-        stacked_chart(&mut s, t, "reserved", &|x| &x.reserved);
+        stacked_chart(&mut s, t, "reserved", &|x| &x.reserved, &|x| x.reserved_min);
         s.push_str("<h3>Live bytes per tier (stacked)</h3>");
-        stacked_chart(&mut s, t, "live", &|x| &x.live);
+        stacked_chart(&mut s, t, "live", &|x| &x.live, &|x| x.live_min);
         s.push_str("<h3>Lifetimes per generation</h3><p class=\"legend\">");
         for (c, name) in CLASSES.iter().enumerate() {
             let n: u64 = t.lifetimes[c].iter().sum();

@@ -216,7 +216,7 @@ impl Strategy {
             })
     }
 
-    /// The anchor mode of `anchors/torch_replay.py` this strategy simulates, if any.
+    /// The anchor mode of `benches/gpu/torch_replay.py` this strategy simulates, if any.
     pub fn anchor_mode(self) -> Option<&'static str> {
         match self {
             Strategy::Native => Some("native"),
@@ -231,7 +231,7 @@ impl Strategy {
 /// Anchor modes, in the column order of [`ANCHORS`].
 pub const ANCHOR_MODES: [&str; 5] = ["native", "expandable", "async", "rmm-pool", "rmm-arena"];
 
-/// Ratios (peak reserved / peak live) measured on an H200 with `anchors/torch_replay.py`
+/// Ratios (peak reserved / peak live) measured on an H200 with `benches/gpu/torch_replay.py`
 /// (torch 2.11.0+cu130, RMM 26.10, 2026-12-02), columns as [`ANCHOR_MODES`].
 pub const ANCHORS: [(&str, [f64; 5]); 4] = [
     ("gpt2_train_fixed", [1.125, 1.070, 1.103, 1.070, 1.078]),
@@ -341,12 +341,18 @@ impl Analysis {
 /// Memory of the simulated device the engine runs on: an H200's.
 pub(crate) const SIM_CAPACITY: u64 = 141 << 30;
 
+/// The engine's configuration for the `genpool` strategy: `GENPOOL_CONF` (`key:value,...`) as in every
+/// other use of the engine, the defaults when it is unset.
+pub fn engine_config() -> Result<genpool::Config, AnalyzeError> {
+    genpool::Config::from_env().map_err(|e| AnalyzeError::Engine(format!("GENPOOL_CONF: {e}")))
+}
+
 fn engine() -> Result<genpool::replay::EngineReplay, AnalyzeError> {
     let dev = gen_device::sim::SimConfig::new()
         .capacity(SIM_CAPACITY)
         .build()
         .map_err(|e| AnalyzeError::Engine(e.to_string()))?;
-    let pool = genpool::Pool::new(std::sync::Arc::new(dev), genpool::Config::default())
+    let pool = genpool::Pool::new(std::sync::Arc::new(dev), engine_config()?)
         .map_err(|e| AnalyzeError::Engine(e.to_string()))?;
     Ok(genpool::replay::EngineReplay::new(pool, "genpool"))
 }

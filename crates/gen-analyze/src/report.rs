@@ -102,7 +102,7 @@ pub fn write_report(out: &mut dyn Write, analyses: &[Analysis]) -> io::Result<()
     writeln!(
         out,
         "Ratio = peak reserved / peak live after one pass. Simulated on the host; \
-         *measured* is the H200 anchor (`anchors/torch_replay.py`), shown as `sim (measured, error)`.\n"
+         *measured* is the H200 anchor (`benches/gpu/torch_replay.py`), shown as `sim (measured, error)`.\n"
     )?;
     let Some(first) = analyses.first() else {
         return writeln!(out, "No traces.");

@@ -3,15 +3,18 @@
 //! [`record_timeline`] replays a trace once through a [`genpool::Pool`] on the simulated device and
 //! records
 //!
-//! - **samples**: every `every` ops, each tier's live and reserved bytes (`Pool::stats`), plus the
-//!   trace's live bytes; the exact peaks are kept separately, so sampling never hides them;
+//! - **buckets** of `every` ops: over each, the lowest and the highest of the tiers' total live and
+//!   reserved bytes (`Pool::stats` after every op) and of the trace's live bytes, with each tier's share
+//!   at the op where the total was highest — so a chart of the buckets shows every peak exactly;
 //! - **lifetime histograms**: each freed allocation's lifetime in allocations (allocs between its
 //!   alloc and its free), bucketed by log2, split by the class the engine's classifier assigns that
 //!   lifetime (short, mid, long against its horizons); blocks never freed are counted apart;
 //! - the classifier's **confusion matrix** (predicted × actual, counts and bytes) after the run;
 //! - **waste by size**: each growth of the engine's peak reservation is charged to the size of the
-//!   allocation that caused it; at the end, a size's waste is what was charged to it minus its live
-//!   bytes at the moment of the peak. The wastes of all sizes add up to peak reserved − live at peak.
+//!   allocation that caused it; at the end, a size's net waste is what was charged to it minus its live
+//!   bytes at the moment of the peak (negative for a size that lived in memory other sizes had grown).
+//!   The net wastes of all sizes add up to peak reserved − live at peak: the sizes with the largest are
+//!   kept as rows, the others summed into [`Timeline::waste_other`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -28,19 +31,86 @@ pub const LIFETIME_BUCKETS: usize = 41;
 /// Class names, in the index order of the classifier (`gen_classifier::Lifetime::index`).
 pub const CLASSES: [&str; 3] = ["short", "mid", "long"];
 
-/// One sample of the engine's state.
+/// One bucket of ops: the engine's state over the ops after the previous bucket's last, up to `op`.
+/// The first bucket is the empty pool at op 0.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Sample {
-    /// Ops replayed so far (the x axis).
+    /// The bucket's last op (ops replayed so far; the x axis).
     pub op: u64,
-    /// Live bytes per tier, in [`Timeline::tiers`] order.
+    /// Live bytes per tier, in [`Timeline::tiers`] order, at the bucket's op where the tiers' total
+    /// live bytes were highest (their sum is that highest total).
     pub live: Vec<u64>,
-    /// Reserved bytes per tier, in [`Timeline::tiers`] order.
+    /// Reserved bytes per tier at the bucket's op where the tiers' total reservation was highest.
     pub reserved: Vec<u64>,
-    /// Live bytes of the trace (the physical floor).
-    pub trace_live: u64,
-    /// Bytes the engine holds from the device (all tiers and cached pages).
+    /// The lowest total live bytes (all tiers) over the bucket.
+    pub live_min: u64,
+    /// The lowest total reserved bytes (all tiers) over the bucket.
+    pub reserved_min: u64,
+    /// The lowest live bytes of the trace over the bucket.
+    pub trace_live_min: u64,
+    /// The highest live bytes of the trace over the bucket (the physical floor's peak).
+    pub trace_live_max: u64,
+    /// The most bytes the engine held from the device (all tiers and cached pages) over the bucket.
     pub engine_reserved: u64,
+}
+
+impl Sample {
+    /// The highest total live bytes over the bucket.
+    pub fn live_max(&self) -> u64 {
+        self.live.iter().sum()
+    }
+
+    /// The highest total reserved bytes over the bucket.
+    pub fn reserved_max(&self) -> u64 {
+        self.reserved.iter().sum()
+    }
+}
+
+/// The bucket being filled by [`record_timeline`].
+struct Bucket(Option<Sample>);
+
+impl Bucket {
+    /// Adds the state after one op.
+    fn add(&mut self, st: &genpool::PoolStats, trace_live: u64) {
+        let live: u64 = st.tiers.iter().map(|t| t.live_bytes).sum();
+        let reserved: u64 = st.tiers.iter().map(|t| t.reserved).sum();
+        let per = |f: fn(&genpool::TierStats) -> u64| st.tiers.iter().map(f).collect::<Vec<_>>();
+        match &mut self.0 {
+            None => {
+                self.0 = Some(Sample {
+                    op: 0,
+                    live: per(|t| t.live_bytes),
+                    reserved: per(|t| t.reserved),
+                    live_min: live,
+                    reserved_min: reserved,
+                    trace_live_min: trace_live,
+                    trace_live_max: trace_live,
+                    engine_reserved: st.reserved_current,
+                })
+            }
+            Some(b) => {
+                if live > b.live_max() {
+                    b.live = per(|t| t.live_bytes);
+                }
+                if reserved > b.reserved_max() {
+                    b.reserved = per(|t| t.reserved);
+                }
+                b.live_min = b.live_min.min(live);
+                b.reserved_min = b.reserved_min.min(reserved);
+                b.trace_live_min = b.trace_live_min.min(trace_live);
+                b.trace_live_max = b.trace_live_max.max(trace_live);
+                b.engine_reserved = b.engine_reserved.max(st.reserved_current);
+            }
+        }
+    }
+
+    /// The bucket ending at `op`, emptied for the next.
+    fn take(&mut self, op: u64) -> Option<Sample> {
+        self.0.take().map(|mut b| {
+            b.op = op;
+            b
+        })
+    }
 }
 
 /// One request size's share of the peak reservation.
@@ -70,11 +140,11 @@ pub struct Timeline {
     pub trace: String,
     /// Alloc + free events.
     pub ops: u64,
-    /// Ops between samples.
+    /// Ops per bucket.
     pub every: u64,
     /// Tier names.
     pub tiers: Vec<&'static str>,
-    /// Samples, in op order; the first is at op 0, the last at the last op.
+    /// Buckets, in op order; the first is the empty pool at op 0, the last ends at the last op.
     pub samples: Vec<Sample>,
     /// Highest live bytes of the trace.
     pub peak_live: u64,
@@ -94,13 +164,24 @@ pub struct Timeline {
     pub confusion_counts: [[u64; 3]; 3],
     /// Classifier confusion matrix, bytes, `[predicted][actual]`.
     pub confusion_bytes: [[u64; 3]; 3],
-    /// Sizes by waste, largest first (at most [`Timeline::WASTE_ROWS`]).
+    /// Sizes by net waste, largest first (at most [`Timeline::WASTE_ROWS`], only positive ones).
     pub waste: Vec<SizeWaste>,
+    /// The net waste of every size not in [`Timeline::waste`], summed (negative when those sizes lived
+    /// in memory the listed ones had grown).
+    pub waste_other: i64,
+    /// Growth of the peak reservation charged to no allocation (0 unless the engine's reservation
+    /// peaked during a free). The rows, `waste_other` and this add up to [`Timeline::waste_total`].
+    pub waste_uncharged: i64,
 }
 
 impl Timeline {
     /// Rows kept in [`Timeline::waste`].
     pub const WASTE_ROWS: usize = 12;
+
+    /// Peak reserved − live bytes at that moment: what the waste rows add up to.
+    pub fn waste_total(&self) -> i64 {
+        self.peak_reserved as i64 - self.live_at_peak as i64
+    }
 
     /// `peak_reserved / peak_live` (`None` on a trace without allocations).
     pub fn ratio(&self) -> Option<f64> {
@@ -113,12 +194,12 @@ pub fn lifetime_bucket(lifetime: u64) -> usize {
     ((u64::BITS - lifetime.leading_zeros()) as usize).min(LIFETIME_BUCKETS - 1)
 }
 
-/// Target number of samples when the caller leaves the interval to [`record_timeline`].
+/// Target number of buckets when the caller leaves their width to [`record_timeline`].
 pub const DEFAULT_SAMPLES: u64 = 1200;
 
 /// Replays `trace` once through a fresh engine with `cfg` on the simulated device and records a
-/// [`Timeline`] (see the module docs). `every` = ops between samples (`None`: about
-/// [`DEFAULT_SAMPLES`] samples in all). `progress(done)` is called with the ops replayed so far, every
+/// [`Timeline`] (see the module docs). `every` = ops per bucket (`None`: about [`DEFAULT_SAMPLES`]
+/// buckets in all). `progress(done)` is called with the ops replayed so far, every
 /// `every` ops and once at the end.
 pub fn record_timeline(
     trace: &Trace,
@@ -156,17 +237,9 @@ pub fn record_timeline(
     let mut lifetimes = [[0u64; LIFETIME_BUCKETS]; 3];
     let mut lifetime_bytes = [[0u64; LIFETIME_BUCKETS]; 3];
     let mut samples = Vec::with_capacity((ops / every) as usize + 2);
-    let sample = |eng: &EngineReplay, op: u64, trace_live: u64| {
-        let st = eng.pool().stats();
-        Sample {
-            op,
-            live: st.tiers.iter().map(|t| t.live_bytes).collect(),
-            reserved: st.tiers.iter().map(|t| t.reserved).collect(),
-            trace_live,
-            engine_reserved: st.reserved_current,
-        }
-    };
-    samples.push(sample(&eng, 0, 0));
+    let mut bucket = Bucket(None);
+    bucket.add(&eng.pool().stats(), 0);
+    samples.extend(bucket.take(0));
     for (i, e) in trace.events.iter().enumerate() {
         match e.kind {
             EventKind::Alloc => {
@@ -221,9 +294,10 @@ pub fn record_timeline(
                 }
             }
         }
+        bucket.add(&eng.pool().stats(), trace_live);
         let done = i as u64 + 1;
         if done % every == 0 || done == ops {
-            samples.push(sample(&eng, done, trace_live));
+            samples.extend(bucket.take(done));
             progress(done);
         }
     }
@@ -239,10 +313,18 @@ pub fn record_timeline(
             charged,
             live_at_peak: live_at_peak.get(&size).copied().unwrap_or(0),
         })
-        .filter(|w| w.waste() > 0)
         .collect();
     waste.sort_unstable_by(|a, b| b.waste().cmp(&a.waste()).then(a.size.cmp(&b.size)));
-    waste.truncate(Timeline::WASTE_ROWS);
+    let all_sizes: i64 = waste.iter().map(SizeWaste::waste).sum();
+    let rows = waste
+        .iter()
+        .take(Timeline::WASTE_ROWS)
+        .take_while(|w| w.waste() > 0)
+        .count();
+    let waste_other = waste[rows..].iter().map(SizeWaste::waste).sum();
+    waste.truncate(rows);
+    let peak_reserved = peak.max(st.reserved_peak);
+    let live_at_peak_total: u64 = live_at_peak.values().sum();
     Ok(Timeline {
         trace: trace.name.clone(),
         ops,
@@ -250,15 +332,17 @@ pub fn record_timeline(
         tiers: st.tiers.iter().map(|t| t.tier).collect(),
         samples,
         peak_live,
-        peak_reserved: peak.max(st.reserved_peak),
+        peak_reserved,
         peak_op,
-        live_at_peak: live_at_peak.values().sum(),
+        live_at_peak: live_at_peak_total,
         lifetimes,
         lifetime_bytes,
         never_freed: live.len() as u64,
         confusion_counts: st.confusion_counts,
         confusion_bytes: st.confusion_bytes,
         waste,
+        waste_other,
+        waste_uncharged: peak_reserved as i64 - live_at_peak_total as i64 - all_sizes,
     })
 }
 

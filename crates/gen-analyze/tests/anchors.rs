@@ -1,7 +1,7 @@
 //! The simulations against the ratios measured on the H200 (`gen_analyze::ANCHORS`).
 //!
 //! `resnet50_train` (embedded in genpool-cli) always runs; the other three traces are read from
-//! `../shared/traces` and run under `--include-ignored` (a few seconds in release, ~1 min in debug).
+//! `benches/traces` and run under `--include-ignored` (a few seconds in release, ~1 min in debug).
 
 use gen_analyze::{analyze, Strategy};
 
@@ -64,9 +64,9 @@ fn resnet50_within_tolerance() {
 }
 
 #[test]
-#[ignore = "reads ../shared/traces; slow in debug builds"]
+#[ignore = "slow in debug builds (~1 min); .ci/run runs it in release"]
 fn shared_traces_within_tolerance() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../benches/traces");
     for name in ["gpt2_train_fixed", "gpt2m_train_varlen", "gpt2_generate_kv"] {
         let p = dir.join(format!("{name}.csv.gz"));
         let t = gen_trace::load_path(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));

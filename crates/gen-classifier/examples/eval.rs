@@ -1,4 +1,4 @@
-//! Evaluates the classifier on the real traces in `../shared/traces` (or `$GENPOOL_TRACES`), with and
+//! Evaluates the classifier on the real traces in `benches/traces` (or `$GENPOOL_TRACES`), with and
 //! without call sites, and times on_alloc + on_free.
 //!
 //! `cargo run --release -p gen-classifier --example eval [-- TRACE...]`

@@ -1,4 +1,4 @@
-//! Accuracy on the real traces in `../shared/traces` (or `$GENPOOL_TRACES`).
+//! Accuracy on the real traces in `benches/traces` (or `$GENPOOL_TRACES`).
 //!
 //! The fast test replays the smallest trace (ResNet-50, 13 149 allocations) with and without call sites
 //! and asserts accuracy floors a little under what was measured (with site: 0.824 by count, 0.941 by

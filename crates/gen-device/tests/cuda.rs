@@ -1,19 +1,29 @@
 //! `CudaDevice` against a real driver. The GPU tests are `#[ignore]`d; run them with
-//! `cargo test -p gen-device --test cuda -- --include-ignored`. Each first tries `CudaDevice::new(0)` and,
-//! when there is no driver, prints why it is skipping and passes.
+//! `cargo test -p gen-device --test cuda -- --include-ignored`. Each first tries `CudaDevice::new(0)`; when
+//! no device opens it fails, saying why, unless `GENPOOL_SKIP_GPU=1` asks to skip (then it prints one line
+//! and passes).
 
 use gen_device::{open, CudaDevice, Device, DeviceError, DeviceKind, DevicePtr};
 
-/// Device 0, or `None` (with a printed reason) when this machine has no CUDA driver or device.
+/// Device 0; with no CUDA driver or device a failure, or `None` (one line printed) when the caller set
+/// `GENPOOL_SKIP_GPU=1`.
 fn gpu(test: &str) -> Option<CudaDevice> {
     match CudaDevice::new(0) {
         Ok(d) => Some(d),
-        Err(DeviceError::NoDriver(why)) => {
-            eprintln!("SKIP {test}: no CUDA driver/device ({why})");
+        Err(DeviceError::NoDriver(why)) if skip_gpu() => {
+            eprintln!("SKIP {test}: no CUDA driver/device ({why}); GENPOOL_SKIP_GPU=1");
             None
+        }
+        Err(DeviceError::NoDriver(why)) => {
+            panic!("{test}: no CUDA driver/device ({why}); set GENPOOL_SKIP_GPU=1 to skip the GPU tests")
         }
         Err(e) => panic!("{test}: CudaDevice::new(0) failed: {e}"),
     }
+}
+
+/// Whether the caller asked to skip the GPU tests where no device opens (`GENPOOL_SKIP_GPU=1`).
+fn skip_gpu() -> bool {
+    std::env::var_os("GENPOOL_SKIP_GPU").is_some_and(|v| v == "1")
 }
 
 #[test]

@@ -1,9 +1,9 @@
 //! Reader tests: genpool CSV (validation errors with line numbers, gzip, round trip through the
 //! writer), RMM logs, PyTorch snapshot pickles (fixture made by tests/fixtures/make_snapshot.py), and the
-//! shared real traces.
+//! bundled real traces.
 //!
 //! Under Miri (`cargo +nightly miri test -p gen-trace`, isolation on) nothing touches the file system: the
-//! fixtures are compiled in, and the parts that open files (the shared traces, a temporary directory, a
+//! fixtures are compiled in, and the parts that open files (the bundled traces, a temporary directory, a
 //! missing path) are skipped.
 
 use std::io::Write;
@@ -98,11 +98,11 @@ fn load_fixture(file: &str, bytes: &[u8]) -> Result<Vec<Trace>, TraceError> {
     }
 }
 
-/// The shared real traces: `$GENPOOL_TRACE_DIR`, else `<workspace>/../shared/traces`.
-fn shared_traces() -> PathBuf {
+/// The real traces bundled in the repository: `$GENPOOL_TRACE_DIR`, else `<workspace>/benches/traces`.
+fn bundled_traces() -> PathBuf {
     std::env::var_os("GENPOOL_TRACE_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces"))
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../benches/traces"))
 }
 
 #[test]
@@ -314,12 +314,12 @@ fn snapshot_errors() {
 }
 
 #[test]
-#[cfg_attr(miri, ignore = "reads the shared traces")]
-fn shared_traces_load_fast_and_match_readme() {
-    let dir = shared_traces();
+#[cfg_attr(miri, ignore = "reads the bundled traces")]
+fn bundled_traces_load_fast_and_match_readme() {
+    let dir = bundled_traces();
     assert!(
         dir.is_dir(),
-        "shared traces not found at {} (set GENPOOL_TRACE_DIR)",
+        "bundled traces not found at {} (set GENPOOL_TRACE_DIR)",
         dir.display()
     );
     // (file, events, peak live in GiB to 2 decimals) from traces/README.md.
@@ -515,16 +515,11 @@ fn corrupt_gzip_is_an_error_naming_the_file() {
 /// trailer mutated, cut before the trailer. A change in a field that carries no data (the time stamp)
 /// reads back the identical trace, so the comparison with the original is not vacuous.
 #[test]
-#[cfg_attr(miri, ignore = "reads the shared traces")]
+#[cfg_attr(miri, ignore = "reads the bundled traces")]
 fn corrupt_real_gzip_trace_is_an_error_naming_the_file() {
-    let path = shared_traces().join("resnet50_train.csv.gz");
-    let Ok(good) = std::fs::read(&path) else {
-        eprintln!(
-            "skipped: {} not found (set GENPOOL_TRACE_DIR)",
-            path.display()
-        );
-        return;
-    };
+    let path = bundled_traces().join("resnet50_train.csv.gz");
+    let good = std::fs::read(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (set GENPOOL_TRACE_DIR)", path.display()));
     let name = "resnet50_train.csv.gz";
     let original = load_bytes(name, &good).unwrap();
     assert_eq!(good[3] & 0x0a, 0x08, "FNAME set, FHCRC not");

@@ -109,6 +109,8 @@ pub(crate) fn analyze_all(
 
 /// `genpool analyze`.
 pub fn run(a: &AnalyzeArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    // The engine strategy reads GENPOOL_CONF (gen_analyze::engine_config): a bad one fails before any work.
+    crate::engine_config("genpool")?;
     let traces = load_traces(&a.traces)?;
     analyze_all(
         &traces,

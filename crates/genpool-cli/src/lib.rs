@@ -125,6 +125,14 @@ pub enum CliError {
     /// Writing the output failed.
     #[error("output: {0}")]
     Io(#[from] std::io::Error),
+    /// Writing a file named on the command line failed.
+    #[error("{}: {source}", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        source: std::io::Error,
+    },
 }
 
 impl CliError {
@@ -134,7 +142,10 @@ impl CliError {
         match self {
             CliError::Usage(e) => e.exit_code(),
             CliError::Trace(_) | CliError::UnknownAllocator { .. } => 2,
-            CliError::Allocator { .. } | CliError::Replay { .. } | CliError::Io(_) => 1,
+            CliError::Allocator { .. }
+            | CliError::Replay { .. }
+            | CliError::Io(_)
+            | CliError::Write { .. } => 1,
         }
     }
 }
@@ -146,10 +157,7 @@ pub fn make_allocator(
 ) -> Result<Box<dyn ReplayAllocator>, CliError> {
     match name {
         "genpool" | "genpool-single" => {
-            let mut cfg = genpool::Config::from_env().map_err(|e| CliError::Allocator {
-                name: name.to_owned(),
-                message: format!("GENPOOL_CONF: {e}"),
-            })?;
+            let mut cfg = engine_config(name)?;
             if name == "genpool-single" {
                 cfg.routing = genpool::Routing::Single;
             }
@@ -170,6 +178,15 @@ pub fn make_allocator(
             name: name.to_owned(),
         }),
     }
+}
+
+/// The engine's configuration from `GENPOOL_CONF` (`key:value,...`; unset: the defaults). An unknown key
+/// or a bad value is the same error in every command: `allocator `{name}`: GENPOOL_CONF: ...`.
+pub fn engine_config(name: &str) -> Result<genpool::Config, CliError> {
+    genpool::Config::from_env().map_err(|e| CliError::Allocator {
+        name: name.to_owned(),
+        message: format!("GENPOOL_CONF: {e}"),
+    })
 }
 
 /// Memory of the simulated device: an H200's, so that every real trace fits as it did there.
@@ -322,6 +339,16 @@ fn bytes(n: u64) -> String {
     }
 }
 
+/// `total / passes`, a whole number when it divides, else with one decimal.
+fn per_pass(total: u64, passes: u32) -> String {
+    let p = u64::from(passes.max(1));
+    if total % p == 0 {
+        thousands(total / p)
+    } else {
+        format!("{}.{}", thousands(total / p), (total % p) * 10 / p)
+    }
+}
+
 fn opt(v: Option<f64>, prec: usize) -> String {
     v.map_or_else(|| "-".to_owned(), |x| format!("{x:.prec$}"))
 }
@@ -372,11 +399,26 @@ fn write_table(out: &mut dyn Write, t: &Trace, reports: &[ReplayReport]) -> std:
         for tier in &r.tiers {
             writeln!(
                 out,
-                "    tier {:<10} peak reserved {:>11}, {} allocs",
+                "    tier {:<10} own peak reserved {:>11}, {} allocs a pass{}",
                 tier.name,
                 bytes(tier.peak_reserved),
-                thousands(tier.allocs)
+                per_pass(tier.allocs, r.passes),
+                if r.passes > 1 { "*" } else { "" }
             )?;
+        }
+        if !r.tiers.is_empty() {
+            writeln!(
+                out,
+                "    (own peak: each tier's highest, reached at its own moment; they need not add up \
+                 to the total)"
+            )?;
+            if r.passes > 1 {
+                writeln!(
+                    out,
+                    "    (* allocs over all passes divided by the passes; the classifier learns \
+                     between passes, so a pass's split can differ)"
+                )?;
+            }
         }
         if let Some(c) = &r.classifier {
             writeln!(
@@ -405,6 +447,9 @@ mod tests {
         assert_eq!(bytes(3 << 29), "1.50 GiB");
         assert_eq!(opt(None, 1), "-");
         assert_eq!(opt(Some(1.23456), 3), "1.235");
+        assert_eq!(per_pass(12_906 * 5, 5), "12,906");
+        assert_eq!(per_pass(7, 2), "3.5");
+        assert_eq!(per_pass(10, 3), "3.3");
     }
 
     #[test]

@@ -29,30 +29,66 @@ pub struct ReportArgs {
     /// Write an HTML report (charts of the engine's replay) to this file instead of Markdown.
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
-    /// HTML: ops between samples of the timeline [default: about 1200 samples per trace].
+    /// HTML: ops per bucket of the timeline (each drawn at its lowest and highest) [default: about 1200
+    /// buckets per trace].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub every: Option<u64>,
 }
 
 /// `genpool report`.
 pub fn run(a: &ReportArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    // The engine's replays (its strategy, the HTML timelines) read GENPOOL_CONF: a bad one fails first.
+    let config = crate::engine_config("genpool")?;
     let traces = load_traces(&a.traces)?;
     if let Some(path) = &a.html {
-        return html(a, &traces, path);
+        html(a, &traces, path, config)?;
+        eprintln!(
+            "genpool: wrote the HTML report on {} trace{} to {}",
+            traces.len(),
+            if traces.len() == 1 { "" } else { "s" },
+            shown(path)
+        );
+        return Ok(());
     }
     let analyses = analyze_all(&traces, &a.strategies, &Strategy::ALL, &mut |_| Ok(()))?;
     match &a.out {
         Some(path) => {
-            let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
-            gen_analyze::write_report(&mut f, &analyses)?;
-            f.flush()?;
+            write_file(path, &mut |f| gen_analyze::write_report(f, &analyses))?;
+            eprintln!("genpool: wrote the Markdown report to {}", shown(path));
         }
         None => gen_analyze::write_report(out, &analyses)?,
     }
     Ok(())
 }
 
-fn html(a: &ReportArgs, traces: &[gen_trace::Trace], path: &Path) -> Result<(), CliError> {
+/// `path` as the user can find it again: absolute when the current directory is known.
+fn shown(path: &Path) -> String {
+    std::path::absolute(path)
+        .unwrap_or_else(|_| path.to_owned())
+        .display()
+        .to_string()
+}
+
+/// Creates `path` and writes it with `body`; an error names the file.
+fn write_file(
+    path: &Path,
+    body: &mut dyn FnMut(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<(), CliError> {
+    let err = |source| CliError::Write {
+        path: path.to_owned(),
+        source,
+    };
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).map_err(err)?);
+    body(&mut f).map_err(err)?;
+    f.flush().map_err(err)
+}
+
+fn html(
+    a: &ReportArgs,
+    traces: &[gen_trace::Trace],
+    path: &Path,
+    config: genpool::Config,
+) -> Result<(), CliError> {
     let defaults = Strategy::default_set();
     let analyses = analyze_all(traces, &a.strategies, &defaults, &mut |_| Ok(()))?;
     let total: u64 = traces.iter().map(|t| t.ops()).sum();
@@ -70,7 +106,7 @@ fn html(a: &ReportArgs, traces: &[gen_trace::Trace], path: &Path) -> Result<(), 
         if let Some(pb) = &progress {
             pb.set_message(t.name.clone());
         }
-        let tl = record_timeline(t, genpool::Config::default(), a.every, &mut |done| {
+        let tl = record_timeline(t, config.clone(), a.every, &mut |done| {
             if let Some(pb) = &progress {
                 pb.set_position(base + done);
             }
@@ -96,10 +132,9 @@ fn html(a: &ReportArgs, traces: &[gen_trace::Trace], path: &Path) -> Result<(), 
     if let Some(pb) = progress {
         pb.finish_and_clear();
     }
-    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
-    gen_analyze::write_html(&mut f, &timelines, &analyses)?;
-    f.flush()?;
-    Ok(())
+    write_file(path, &mut |f| {
+        gen_analyze::write_html(f, &timelines, &analyses)
+    })
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! End-to-end tests of the `genpool` binary: the embedded trace, every shared trace (few passes),
+//! End-to-end tests of the `genpool` binary: the embedded trace, the four original bundled traces (few passes),
 //! `--json` output parsed, and malformed input (exit 2, one `genpool: file:line: ...` line on stderr).
 
 use std::path::{Path, PathBuf};
@@ -19,11 +19,11 @@ fn stderr(o: &Output) -> String {
     String::from_utf8(o.stderr.clone()).unwrap()
 }
 
-/// The shared real traces: `$GENPOOL_TRACE_DIR`, else `<workspace>/../shared/traces`.
-fn shared_traces() -> PathBuf {
+/// The real traces bundled in the repository: `$GENPOOL_TRACE_DIR`, else `<workspace>/benches/traces`.
+fn bundled_traces() -> PathBuf {
     std::env::var_os("GENPOOL_TRACE_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces"))
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../benches/traces"))
 }
 
 fn json_lines(o: &Output) -> Vec<serde_json::Value> {
@@ -111,21 +111,27 @@ fn json_output_has_the_issue_keys() {
 }
 
 #[test]
-fn every_shared_trace_replays() {
-    let dir = shared_traces();
+fn every_original_trace_replays() {
+    let dir = bundled_traces();
     assert!(
         dir.is_dir(),
-        "shared traces not found at {} (set GENPOOL_TRACE_DIR)",
+        "bundled traces not found at {} (set GENPOOL_TRACE_DIR)",
         dir.display()
     );
-    let mut files: Vec<String> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.to_string_lossy().ends_with(".csv.gz"))
-        .map(|p| p.to_string_lossy().into_owned())
-        .collect();
-    files.sort();
-    assert_eq!(files.len(), 4, "{files:?}");
+    // The four original traces (benches/traces/README.md).
+    let files: Vec<String> = [
+        "gpt2_generate_kv",
+        "gpt2_train_fixed",
+        "gpt2m_train_varlen",
+        "resnet50_train",
+    ]
+    .iter()
+    .map(|n| {
+        dir.join(format!("{n}.csv.gz"))
+            .to_string_lossy()
+            .into_owned()
+    })
+    .collect();
     // Debug builds replay ~20x slower: there one (instrumented) pass through one allocator; in release
     // two passes (one timed) through both.
     let mut args = vec!["replay", "--json"];
@@ -330,4 +336,114 @@ fn analyze_names_the_dominant_waste() {
         text.contains("native       10.00 MiB of 40.00 MiB: split_fragments 10.00 MiB (100 %)"),
         "{text}"
     );
+}
+
+fn genpool_with_conf(conf: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_genpool"))
+        .env("GENPOOL_CONF", conf)
+        .args(args)
+        .output()
+        .expect("run genpool")
+}
+
+/// `GENPOOL_CONF` configures the engine in every command: an unknown key is the same error (exit 1,
+/// naming the key, before any work) in `replay`, `analyze` and `report` (Markdown and HTML).
+#[test]
+fn every_command_refuses_an_unknown_genpool_conf_key() {
+    let html = std::env::temp_dir().join(format!("genpool-conf-{}.html", std::process::id()));
+    let html = html.to_str().unwrap();
+    let mut first: Option<String> = None;
+    for args in [
+        &["replay", "--passes", "1"][..],
+        &["analyze", "--strategy", "genpool"],
+        &["report", "--strategy", "genpool"],
+        &["report", "--html", html],
+    ] {
+        let o = genpool_with_conf("bogus:1", args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));
+        let err = stderr(&o);
+        assert!(
+            err.contains("GENPOOL_CONF") && err.contains("bogus"),
+            "{args:?}: {err}"
+        );
+        assert!(
+            stdout(&o).is_empty(),
+            "{args:?}: no output before the error"
+        );
+        match &first {
+            None => first = Some(err),
+            Some(f) => assert_eq!(&err, f, "{args:?}: the same error as replay's"),
+        }
+    }
+    assert!(!Path::new(html).exists(), "no page written");
+}
+
+/// `GENPOOL_CONF` is honoured, not only checked: a smaller slab limit moves blocks out of the slab in
+/// `analyze`'s engine run, so its peak reservation differs from the default's.
+#[test]
+fn analyze_honours_genpool_conf() {
+    let run = |conf: &str| {
+        let o = genpool_with_conf(conf, &["analyze", "--json", "--strategy", "genpool"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+        v["results"][0]["peak_reserved"].as_u64().unwrap()
+    };
+    let default = run("");
+    assert_ne!(
+        run("routing:single"),
+        default,
+        "routing:single changes the engine's layout"
+    );
+}
+
+/// `report` says where it wrote, and an unwritable output is an error naming the path.
+#[test]
+fn report_says_where_it_wrote_and_names_a_bad_path() {
+    let dir = std::env::temp_dir().join(format!("genpool-where-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let md = dir.join("r.md");
+    let o = genpool(&[
+        "report",
+        "--strategy",
+        "native",
+        "--out",
+        md.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&md.display().to_string()),
+        "{}",
+        stderr(&o)
+    );
+    assert!(md.is_file());
+    let bad = dir.join("no-such-dir").join("r.html");
+    let o = genpool(&["report", "--html", bad.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains(&bad.display().to_string()),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The replay table explains its per-tier figures: own peaks (footnoted) and allocations per pass.
+#[test]
+fn replay_table_shows_per_pass_counts_and_own_peaks() {
+    let o = genpool(&["replay", "--passes", "2", "--device", "sim"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("own peak reserved"), "{out}");
+    assert!(out.contains("allocs a pass*"), "{out}");
+    assert!(out.contains("need not add up to the total"), "{out}");
+    // The embedded trace has 13,149 allocations: the tiers' counts per pass add up to about that.
+    let per_pass: f64 = out
+        .lines()
+        .filter(|l| l.trim_start().starts_with("tier "))
+        .map(|l| {
+            let n = l.split(", ").nth(1).unwrap().split(' ').next().unwrap();
+            n.replace(',', "").parse::<f64>().unwrap()
+        })
+        .sum();
+    assert!((per_pass - 13_149.0).abs() < 1.0, "{per_pass}: {out}");
 }

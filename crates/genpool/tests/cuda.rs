@@ -1,5 +1,6 @@
 //! The engine on a real GPU. `#[ignore]`d here (no GPU in CI); run on the GPU machine with
-//! `--include-ignored`. Each test prints a reason and returns when no CUDA driver is present.
+//! `--include-ignored`. With no CUDA driver or device each test fails saying why, unless `GENPOOL_SKIP_GPU=1`
+//! asks to skip (then it prints one line and returns).
 
 use std::sync::Arc;
 
@@ -24,12 +25,20 @@ const PAT_B: u8 = 0xB2;
 fn device() -> Option<Arc<dyn Device>> {
     match CudaDevice::new(0) {
         Ok(d) => Some(Arc::new(d)),
-        Err(DeviceError::NoDriver(why)) => {
-            eprintln!("SKIP: no CUDA driver or device ({why})");
+        Err(DeviceError::NoDriver(why)) if skip_gpu() => {
+            eprintln!("SKIP: no CUDA driver or device ({why}); GENPOOL_SKIP_GPU=1");
             None
+        }
+        Err(DeviceError::NoDriver(why)) => {
+            panic!("no CUDA driver or device ({why}); set GENPOOL_SKIP_GPU=1 to skip the GPU tests")
         }
         Err(e) => panic!("CUDA present but unusable: {e}"),
     }
+}
+
+/// Whether the caller asked to skip the GPU tests where no device opens (`GENPOOL_SKIP_GPU=1`).
+fn skip_gpu() -> bool {
+    std::env::var_os("GENPOOL_SKIP_GPU").is_some_and(|v| v == "1")
 }
 
 fn hint(l: Lifetime) -> Hint {

@@ -327,27 +327,27 @@ fn blocks_never_share_a_byte_with_backed_memory() {
     }
 }
 
-fn trace_dir() -> Option<PathBuf> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces");
-    p.is_dir().then_some(p)
+/// The real traces bundled in the repository (`benches/traces`, its README says where each came from).
+fn trace_dir() -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../benches/traces");
+    assert!(p.is_dir(), "bundled traces not found at {}", p.display());
+    p
 }
 
-/// Every shared trace replays on the simulated H200 with the replay's checks (no overlap, alignment),
+/// The four original traces (benches/traces/README.md): the ones every test below names.
+const ORIGINAL_TRACES: [&str; 4] = [
+    "gpt2_generate_kv.csv.gz",
+    "gpt2_train_fixed.csv.gz",
+    "gpt2m_train_varlen.csv.gz",
+    "resnet50_train.csv.gz",
+];
+
+/// Each of the four original traces replays on the simulated H200 with the replay's checks (no overlap, alignment),
 /// stays within the fragmentation target, and returns every byte when freed.
 #[test]
 fn real_traces_replay_with_invariants() {
-    let Some(dir) = trace_dir() else {
-        eprintln!("SKIP real_traces_replay_with_invariants: ../shared/traces not found");
-        return;
-    };
-    let mut names: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.to_string_lossy().ends_with(".csv.gz"))
-        .collect();
-    names.sort();
-    assert!(!names.is_empty());
-    for path in names {
+    let dir = trace_dir();
+    for path in ORIGINAL_TRACES.map(|f| dir.join(f)) {
         let traces = gen_trace::load_path(&path).unwrap();
         for trace in traces {
             let dev = sim(141 * GIB);
@@ -546,10 +546,7 @@ fn replay_prefix(trace: &gen_trace::Trace, len: usize, conf: &str) -> genpool::P
 /// plan is never served.
 #[test]
 fn pinned_plans_stop_page_moves_where_the_layout_shifts_and_only_there() {
-    let Some(dir) = trace_dir() else {
-        eprintln!("SKIP pinned_plans_stop_page_moves...: ../shared/traces not found");
-        return;
-    };
+    let dir = trace_dir();
     // Packed on the allocating thread: the prefix and the whole run must make the same decisions.
     let conf = "plan:true,plan_pin:true,plan_background:false,page_keep_old_mappings:false";
     let gpt2 = &gen_trace::load_path(&dir.join("gpt2_train_fixed.csv.gz")).unwrap()[0];
@@ -748,10 +745,7 @@ fn the_planner_sleeps_through_a_loop_that_moves_no_page() {
 /// gives up.
 #[test]
 fn the_planner_gives_up_on_random_shapes_and_not_on_a_loop() {
-    let Some(dir) = trace_dir() else {
-        eprintln!("SKIP the_planner_gives_up_on_random_shapes...: ../shared/traces not found");
-        return;
-    };
+    let dir = trace_dir();
     // Old mappings unmapped: random shapes keep moving pages, which keeps the planner looking.
     let conf = "plan_background:false,page_keep_old_mappings:false";
     let varlen = &gen_trace::load_path(&dir.join("gpt2m_train_varlen.csv.gz")).unwrap()[0];
@@ -777,10 +771,7 @@ fn the_planner_gives_up_on_random_shapes_and_not_on_a_loop() {
 /// the plan serving the loop.
 #[test]
 fn moved_pages_come_back_through_old_mappings_on_gpt2() {
-    let Some(dir) = trace_dir() else {
-        eprintln!("SKIP moved_pages_come_back...: ../shared/traces not found");
-        return;
-    };
+    let dir = trace_dir();
     let gpt2 = &gen_trace::load_path(&dir.join("gpt2_train_fixed.csv.gz")).unwrap()[0];
     let (n, cut) = (gpt2.events.len(), gpt2.events.len() * 3 / 4);
     let conf = "plan_background:false";

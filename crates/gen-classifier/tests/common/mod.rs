@@ -1,4 +1,4 @@
-//! Test helper: reads the real allocation traces (`../shared/traces/*.csv.gz`) and replays them
+//! Test helper: reads the real allocation traces (`benches/traces/*.csv.gz`) and replays them
 //! through a classifier.
 #![allow(dead_code)]
 
@@ -22,11 +22,11 @@ pub enum Event {
     Free { addr: u64 },
 }
 
-/// The directory of the shared traces (overridable with `GENPOOL_TRACES`).
+/// The directory of the traces bundled in `benches/traces` (overridable with `GENPOOL_TRACES`).
 pub fn traces_dir() -> PathBuf {
     std::env::var_os("GENPOOL_TRACES")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces"))
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../benches/traces"))
 }
 
 /// Parses a gzip CSV trace; `None` when the file is absent. Malformed lines are an error.
