@@ -234,9 +234,14 @@ class InstallTest(unittest.TestCase):
         import genpool_torch.backend as b
         torch = types.ModuleType("torch")
         torch.__file__ = "/opt/torch/__init__.py"
+        torch.__version__ = "2.11.0+cu130"
         torch._C = types.SimpleNamespace(_GLIBCXX_USE_CXX11_ABI=True)
         with mock.patch.dict(os.environ, {"GENPOOL_CXX": "/usr/bin/c++", "CUDA_HOME": "/usr/local/cuda"}):
             cmd = b.compile_command(Path("/x/libgenpool_torch.so"), Path("/tmp/o.so"), torch)
+            torch.__version__ = "2.15.0+cu132"
+            newer = b.compile_command(Path("/x/libgenpool_torch.so"), Path("/tmp/o.so"), torch)
+        self.assertIn("-std=c++17", cmd, "2.11 as validated on the GPU")
+        self.assertIn("-std=c++20", newer, "2.15's headers need C++20")
         self.assertEqual(cmd[0], "/usr/bin/c++")
         self.assertIn("-D_GLIBCXX_USE_CXX11_ABI=1", cmd)
         self.assertIn("-I/opt/torch/include", cmd)
