@@ -389,6 +389,24 @@ def p_ipc_share_tensor(torch):
     return {}
 
 
+@probe
+def p_sleep_wake_stats(torch):
+    # genpool only (native has no sleep): torch.cuda's figures know about sleeping memory.
+    import genpool_torch
+    if not genpool_torch.is_installed():
+        raise AssertionError("genpool's sleep / wake (not PyTorch's)")
+    with genpool_torch.region("compat-weights"):
+        w = torch.full((64 * MIB // 4,), 3.0, device="cuda")
+    reserved, allocated = torch.cuda.memory_reserved(), torch.cuda.memory_allocated()
+    genpool_torch.sleep(["compat-weights"], offload=True)
+    asleep = torch.cuda.memory_reserved()
+    check(asleep <= reserved - 64 * MIB, f"reserved {reserved} -> {asleep} asleep")
+    check(torch.cuda.memory_allocated() == allocated, "allocated stays")
+    genpool_torch.wake(["compat-weights"])
+    check(bool((w == 3.0).all()), "contents back")
+    return {"released_mib": (reserved - asleep) // MIB}
+
+
 # ----- runner ------------------------------------------------------------------------------------
 
 

@@ -69,7 +69,11 @@ fn reserved_now(state: &DeviceState) -> u64 {
         .iter()
         .map(|p| p.pool.reserved_now())
         .sum();
-    state.pool.reserved_now() + private
+    let tagged: u64 = sleep_abi::tag_engines(state.index())
+        .iter()
+        .map(|p| p.reserved_now())
+        .sum();
+    state.pool.reserved_now() + private + tagged
 }
 
 fn alloc(
@@ -392,7 +396,9 @@ fn device_stats(device: c_int) -> Result<GenpoolTorchStats, PluginError> {
         return Ok(out);
     };
     let privates = pools::all(index);
-    let engines = std::iter::once(&state.pool).chain(privates.iter().map(|p| &p.pool));
+    let engines = std::iter::once(&state.pool)
+        .chain(privates.iter().map(|p| &p.pool))
+        .chain(sleep_abi::tag_engines(index));
     let (mut held, mut created, mut released, mut small, mut retries, mut syncs) =
         (0i64, 0i64, 0i64, 0i64, 0i64, 0i64);
     let (mut reserved, mut peak) = (0i64, 0i64);

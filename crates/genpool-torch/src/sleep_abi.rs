@@ -274,6 +274,20 @@ pub(crate) fn tagged_free(addr: u64, stream: u64) -> bool {
     true
 }
 
+/// The engines of every tag on device `index` (for the PyTorch backend's device statistics: a sleeping
+/// tag's reserved bytes drop, its allocated bytes stay).
+pub(crate) fn tag_engines(index: usize) -> Vec<&'static Pool> {
+    let tags: Vec<&'static Tag> = TAGS.read().clone();
+    tags.into_iter()
+        .filter_map(|t| {
+            t.pools[index]
+                .get()
+                .and_then(|r| r.as_ref().ok())
+                .map(|p| &p.pool)
+        })
+        .collect()
+}
+
 /// `genpool_record_stream`'s branch: the device index of the tag pool holding `addr`, if one does.
 pub(crate) fn tagged_device(addr: u64) -> Option<usize> {
     owner(addr).map(|(i, _)| i)
