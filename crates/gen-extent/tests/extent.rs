@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use gen_device::sim::SimDevice;
 use gen_device::Device;
-use gen_extent::{ExtentArena, ExtentConfig, ExtentError};
+use gen_extent::{ExtentArena, ExtentConfig, TierError};
 use gen_vmm::{PagePool, PagePoolConfig, VmmError};
 use proptest::prelude::*;
 
@@ -87,7 +87,7 @@ fn default_va_is_twice_the_device_memory() {
             ..ExtentConfig::default()
         },
     );
-    assert!(matches!(r, Err(ExtentError::InvalidConfig(_))), "{r:?}");
+    assert!(matches!(r, Err(TierError::InvalidConfig(_))), "{r:?}");
 }
 
 #[test]
@@ -142,16 +142,13 @@ fn free_decommits_and_coalesces() {
 fn would_grow_and_out_of_memory_pass_through_and_change_nothing() {
     let (_dev, pool) = setup(Some(2 * PAGE));
     let a = arena(&pool, 8 * MIB);
-    assert_eq!(
-        a.alloc(1000, false),
-        Err(ExtentError::WouldGrow { pages: 1 })
-    );
+    assert_eq!(a.alloc(1000, false), Err(TierError::WouldGrow { pages: 1 }));
     assert_eq!(a.stats().live_blocks, 0);
     let p = a.alloc(PAGE, true).unwrap();
     let before = a.stats();
     let r = a.alloc(2 * PAGE, true);
     assert!(
-        matches!(r, Err(ExtentError::Vmm(VmmError::OutOfMemory { .. }))),
+        matches!(r, Err(TierError::Vmm(VmmError::OutOfMemory { .. }))),
         "{r:?}"
     );
     assert_eq!(a.stats(), before);
@@ -168,17 +165,18 @@ fn would_grow_and_out_of_memory_pass_through_and_change_nothing() {
 fn address_space_exhaustion_and_bad_sizes_are_typed() {
     let (_dev, pool) = setup(None);
     let a = arena(&pool, MIB);
-    assert_eq!(a.alloc(0, true), Err(ExtentError::InvalidSize(0)));
+    assert_eq!(a.alloc(0, true), Err(TierError::InvalidSize(0)));
     assert_eq!(
         a.alloc(u64::MAX, true),
-        Err(ExtentError::InvalidSize(u64::MAX))
+        Err(TierError::InvalidSize(u64::MAX))
     );
     let p = a.alloc(MIB / 2, true).unwrap();
     assert_eq!(
         a.alloc(MIB / 2 + 1, true),
-        Err(ExtentError::OutOfAddressSpace {
+        Err(TierError::Exhausted {
+            what: "extent address space",
             requested: MIB / 2 + 512,
-            largest_free: MIB / 2
+            available: MIB / 2
         })
     );
     a.free(p).unwrap();
@@ -194,7 +192,10 @@ fn invalid_frees_are_typed_and_harmless() {
     for bad in [0, p + 1, p + 512, p + MIB, p - 1, u64::MAX] {
         assert_eq!(
             a.free(bad),
-            Err(ExtentError::InvalidFree { ptr: bad }),
+            Err(TierError::InvalidFree {
+                ptr: bad,
+                reason: "not the start of a live extent"
+            }),
             "{bad:#x}"
         );
     }
@@ -204,7 +205,10 @@ fn invalid_frees_are_typed_and_harmless() {
     assert_eq!(a.free(p), Ok(4 * KIB));
     assert_eq!(
         a.free(p),
-        Err(ExtentError::InvalidFree { ptr: p }),
+        Err(TierError::InvalidFree {
+            ptr: p,
+            reason: "not the start of a live extent"
+        }),
         "double free"
     );
     assert_eq!(a.trim(), 0);
@@ -326,7 +330,7 @@ proptest! {
                             live.push((p, rounded));
                             allocs += 1;
                         }
-                        Err(ExtentError::OutOfAddressSpace { .. }) => prop_assert_eq!(expect, None),
+                        Err(TierError::Exhausted { .. }) => prop_assert_eq!(expect, None),
                         Err(e) => return Err(TestCaseError::fail(e.to_string())),
                     }
                 }

@@ -64,9 +64,11 @@ use gen_device::{Device, DeviceError, DevicePtr, EventHandle, PhysHandle, Stream
 
 mod freeset;
 mod tally;
+mod tier;
 use freeset::FreeSet;
 use parking_lot::Mutex;
 pub use tally::PageTally;
+pub use tier::TierError;
 
 /// Errors of the page layer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -18,14 +18,17 @@
 
 #![warn(missing_docs)]
 
+mod arenas;
 pub mod config;
 pub mod devices;
 pub mod error;
+mod headroom;
 mod meta;
 mod pool;
 #[cfg(feature = "replay")]
 pub mod replay;
 pub mod stats;
+mod tier;
 
 pub use config::{Config, ConfigError, LongTier, MidTier, Routing};
 pub use devices::{DeviceFactory, Freed, Pools, PoolsStats};
