@@ -72,10 +72,13 @@ fn cases() -> u32 {
 }
 
 #[test]
-fn default_va_is_twice_the_device_memory() {
+fn default_va_is_default_va_times_the_device_memory() {
     let (_dev, pool) = setup(None);
     let a = ExtentArena::new(&pool, ExtentConfig::default()).unwrap();
-    assert_eq!(a.stats().reserved_va_bytes, 2 << 30);
+    assert_eq!(
+        a.stats().reserved_va_bytes,
+        gen_extent::DEFAULT_VA_TIMES << 30
+    );
     // A length that is not a whole number of pages is rounded up.
     let b = arena(&pool, MIB + 1);
     assert_eq!(b.stats().reserved_va_bytes, MIB + PAGE);

@@ -65,7 +65,7 @@ impl Default for PlanConfig {
             max_period: 8192,
             confirm: 2048,
             window: 8,
-            background: false,
+            background: true,
         }
     }
 }

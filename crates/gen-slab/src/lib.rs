@@ -1,6 +1,7 @@
 //! Short-lived tier: size classes over device chunks with lock-free free lists.
 //!
-//! A [`Slab`] serves blocks of 1 B ..= [`SlabConfig::max_size`] (1 MiB by default) from size classes (see
+//! A [`Slab`] serves blocks of 1 B ..= [`SlabConfig::max_size`] (4 KiB by default: each class pins whole 2 MiB chunks, and above a few KiB the extent arena packs
+//! tighter — genpool's measured default) from size classes (see
 //! [`SizeClasses`] for the spacing and the waste bound: `class - size < max(512, size / 2^B)`, i.e. under
 //! 25 % with the default 4 classes per doubling). Every class owns a disjoint, power-of-two sized slice
 //! ("span") of one [`gen_vmm::Region`]; slot `i` of class `c` always lives at
@@ -87,10 +88,20 @@ pub struct SlabConfig {
     pub shard_capacity: usize,
 }
 
+impl SlabConfig {
+    /// The default with classes up to 1 MiB (the slab's own tests and benchmarks exercise large classes).
+    pub fn wide() -> Self {
+        SlabConfig {
+            max_size: 1 << 20,
+            ..SlabConfig::default()
+        }
+    }
+}
+
 impl Default for SlabConfig {
     fn default() -> Self {
         SlabConfig {
-            max_size: 1 << 20,
+            max_size: 4 << 10,
             classes_per_doubling: 4,
             class_span: 1 << 30,
             max_slots_per_class: 1 << 18,

@@ -32,7 +32,7 @@ fn small_cfg() -> SlabConfig {
         classes_per_doubling: if miri { 1 } else { 4 },
         class_span: if miri { 16 * MIB } else { 64 * MIB },
         max_slots_per_class: if miri { 4096 } else { 1 << 14 },
-        ..SlabConfig::default()
+        ..SlabConfig::wide()
     }
 }
 
@@ -552,7 +552,7 @@ fn drop_returns_pages_and_events() {
 #[test]
 #[ignore]
 fn timing_alloc_free_pair() {
-    let f = fixture(SlabConfig::default());
+    let f = fixture(SlabConfig::wide());
     let s = &f.slab;
     let sizes = [512u64, 4096, 1536, 65536, 300_000];
     // Warm: commit a chunk per class.
@@ -620,7 +620,7 @@ fn timing_reference_primitives() {
 #[test]
 #[ignore]
 fn timing_thread_scaling() {
-    let f = fixture(SlabConfig::default());
+    let f = fixture(SlabConfig::wide());
     let slab = Arc::new(f.slab);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let pairs = 2_000_000u64;

@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | short | ≤ `slab_max_size` | [`gen_slab`]: size classes over 2 MiB chunks, lock-free free lists |
 //! | short (and mid, by default) | larger | [`gen_extent`]: best-fit coalescing over page-mapped VA |
-//! | mid (`mid_tier:stream`) | any | [`gen_stream`]: a private stream-ordered driver pool |
+//! | mid (`experimental.mid_tier:stream`) | any | [`gen_stream`]: a private stream-ordered driver pool |
 //! | long | any | [`gen_buddy`]: exact-fit buddy over page-mapped VA |
 //!
 //! All page-mapped tiers draw physical memory from one [`gen_vmm::PagePool`], so the memory held is the

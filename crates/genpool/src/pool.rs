@@ -99,12 +99,6 @@ pub struct Pool {
 /// request — and each arena's page table costs host memory in proportion).
 const STREAM_ARENA_VA: u64 = 2;
 
-/// VA of the first stream's extent arena(s), in multiples of the device's memory. VA is free (the GPU's
-/// space is 2^48 bytes and more): with eight, however the address space fragments, a request that the
-/// pages can hold always finds a free extent (with 2× a random-size workload failed a 0.4 GiB request on
-/// a 0.5 GiB device with 0.45 GiB free — found by tests/prop.rs).
-const EXTENT_VA: u64 = 8;
-
 /// What every allocation and free reads or writes outside its tier, packed into two cache lines. Inside
 /// PyTorch the allocator's lines are mostly cold between calls (kernel launches and the interpreter run in
 /// between), so each distinct line a call touches costs a miss: spread over the pool's fields (Rust lays
@@ -202,7 +196,7 @@ impl Pool {
             ExtentsConfig {
                 generations: cfg.extent_generations,
                 stream_arenas: cfg.stream_arenas,
-                main_va: va_of(EXTENT_VA),
+                main_va: va_of(gen_extent::DEFAULT_VA_TIMES),
                 stream_va: va_of(STREAM_ARENA_VA),
                 placement_candidates: cfg.placement_candidates,
             },

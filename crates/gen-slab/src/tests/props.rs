@@ -68,7 +68,7 @@ proptest! {
             class_span: if miri { 16 * MIB } else { 64 * MIB },
             max_slots_per_class: if miri { 4096 } else { 1 << 13 },
             shards: 2,
-            ..SlabConfig::default()
+            ..SlabConfig::wide()
         };
         let f = fixture(cfg);
         let s = &f.slab;
