@@ -10,13 +10,11 @@
 //! 5. `owns` holds for every live pointer;
 //! 6. after freeing everything nothing is committed, and after `trim` no region (no VA) is held.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use gen_buddy::{Buddy, BuddyConfig, TierError, MAX_REGIONS};
 use gen_device::sim::SimDevice;
-use gen_device::Device;
-use gen_vmm::{PagePool, PagePoolConfig, VmmError};
+use gen_vmm::{PagePool, VmmError};
 use proptest::prelude::*;
 
 const KIB: u64 = 1 << 10;
@@ -24,22 +22,7 @@ const MIB: u64 = 1 << 20;
 const PAGE: u64 = 64 * KIB;
 
 fn setup(limit: Option<u64>) -> (Arc<SimDevice>, Arc<PagePool>) {
-    let dev = Arc::new(
-        SimDevice::config()
-            .granularity(PAGE)
-            .capacity(1 << 30)
-            .build()
-            .unwrap(),
-    );
-    let pool = PagePool::new(
-        dev.clone() as Arc<dyn Device>,
-        PagePoolConfig {
-            limit,
-            ..PagePoolConfig::default()
-        },
-    )
-    .unwrap();
-    (dev, pool)
+    gen_vmm::testing::sim_pages(PAGE, 1 << 30, limit)
 }
 
 fn buddy(pool: &Arc<PagePool>, region_len: u64) -> Buddy {
@@ -54,11 +37,7 @@ fn buddy(pool: &Arc<PagePool>, region_len: u64) -> Buddy {
 }
 
 fn pages_of(live: &[(u64, u64)]) -> u64 {
-    let pages: BTreeSet<u64> = live
-        .iter()
-        .flat_map(|&(p, s)| p / PAGE..=(p + s - 1) / PAGE)
-        .collect();
-    pages.len() as u64 * PAGE
+    gen_vmm::testing::pages_touched(live, PAGE)
 }
 
 #[test]

@@ -11,13 +11,11 @@
 //! 5. best fit: the block lands where the model's smallest-then-lowest free gap says;
 //! 6. after freeing everything nothing is committed and one free extent spans the arena.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use gen_device::sim::SimDevice;
-use gen_device::Device;
 use gen_extent::{ExtentArena, ExtentConfig, TierError};
-use gen_vmm::{PagePool, PagePoolConfig, VmmError};
+use gen_vmm::{PagePool, VmmError};
 use proptest::prelude::*;
 
 const KIB: u64 = 1 << 10;
@@ -25,22 +23,7 @@ const MIB: u64 = 1 << 20;
 const PAGE: u64 = 64 * KIB;
 
 fn setup(limit: Option<u64>) -> (Arc<SimDevice>, Arc<PagePool>) {
-    let dev = Arc::new(
-        SimDevice::config()
-            .granularity(PAGE)
-            .capacity(1 << 30)
-            .build()
-            .unwrap(),
-    );
-    let pool = PagePool::new(
-        dev.clone() as Arc<dyn Device>,
-        PagePoolConfig {
-            limit,
-            ..PagePoolConfig::default()
-        },
-    )
-    .unwrap();
-    (dev, pool)
+    gen_vmm::testing::sim_pages(PAGE, 1 << 30, limit)
 }
 
 fn arena(pool: &Arc<PagePool>, va_bytes: u64) -> ExtentArena {
@@ -56,11 +39,7 @@ fn arena(pool: &Arc<PagePool>, va_bytes: u64) -> ExtentArena {
 }
 
 fn pages_of(live: &[(u64, u64)]) -> u64 {
-    let pages: BTreeSet<u64> = live
-        .iter()
-        .flat_map(|&(p, s)| p / PAGE..=(p + s - 1) / PAGE)
-        .collect();
-    pages.len() as u64 * PAGE
+    gen_vmm::testing::pages_touched(live, PAGE)
 }
 
 fn cases() -> u32 {

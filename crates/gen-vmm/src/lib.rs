@@ -64,11 +64,13 @@ use gen_device::{Device, DeviceError, DevicePtr, EventHandle, PhysHandle, Stream
 
 mod freeset;
 mod tally;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod tier;
 use freeset::FreeSet;
 use parking_lot::Mutex;
 pub use tally::PageTally;
-pub use tier::TierError;
+pub use tier::{check_tiling, TierError};
 
 /// Errors of the page layer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

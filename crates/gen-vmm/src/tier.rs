@@ -84,3 +84,22 @@ impl TierError {
         !matches!(self, TierError::WouldGrow { .. }) && !self.is_exhaustion()
     }
 }
+
+/// Whether `ranges` (offset, length) tile `[0, len)` exactly, with no gap and no overlap: the invariant
+/// of every tier core's books (free and live ranges together), checked by their `check` methods.
+pub fn check_tiling(mut ranges: Vec<(u64, u64)>, len: u64) -> Result<(), String> {
+    ranges.sort_unstable();
+    let mut at = 0;
+    for (off, l) in ranges {
+        if off != at {
+            return Err(format!(
+                "gap or overlap at byte {at:#x} (next range starts at {off:#x})"
+            ));
+        }
+        at = off + l;
+    }
+    if at != len {
+        return Err(format!("ranges end at {at:#x}, core is {len:#x}"));
+    }
+    Ok(())
+}

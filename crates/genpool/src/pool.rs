@@ -8,7 +8,7 @@ use gen_classifier::{Classifier, ClassifierConfig, Features, Lifetime};
 use gen_device::{Device, StreamId};
 use gen_plan::{PlanConfig, PlanServer, PlanServerConfig, Ticket};
 use gen_slab::{Slab, SlabConfig};
-use gen_stream::{StreamCache, StreamCacheConfig, StreamPool, StreamPoolConfig};
+use gen_stream::{DriverPool, DriverPoolConfig, StreamCache, StreamCacheConfig};
 use gen_vmm::{PagePool, PagePoolConfig, TierError, VmmError};
 
 use crate::arenas::{Extents, ExtentsConfig, NO_STREAM};
@@ -84,7 +84,7 @@ pub struct Pool {
     device: Arc<dyn Device>,
     cfg: Config,
     buddy: Buddy,
-    stream: Option<StreamPool>,
+    stream: Option<DriverPool>,
     extent_cache: StreamCache,
     buddy_cache: StreamCache,
     ooms: AtomicU64,
@@ -225,11 +225,11 @@ impl Pool {
         };
         let stream = if props.supports_pools && cfg.mid_tier == MidTier::Stream {
             Some(
-                StreamPool::new(
+                DriverPool::new(
                     device.clone(),
-                    StreamPoolConfig {
+                    DriverPoolConfig {
                         release_threshold: cfg.pool_release_threshold,
-                        ..StreamPoolConfig::default()
+                        ..DriverPoolConfig::default()
                     },
                 )
                 .map_err(tier_err)?,

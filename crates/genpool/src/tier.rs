@@ -5,7 +5,7 @@ use gen_buddy::Buddy;
 use gen_classifier::Lifetime;
 use gen_device::StreamId;
 use gen_slab::Slab;
-use gen_stream::{StreamError, StreamPool};
+use gen_stream::{DriverPool, StreamError};
 use gen_vmm::TierError;
 
 use crate::error::GenpoolError;
@@ -136,12 +136,12 @@ fn stream_err(e: StreamError) -> TierError {
     }
 }
 
-impl TierAlloc for StreamPool {
+impl TierAlloc for DriverPool {
     fn alloc(&self, req: &Request) -> Result<u64, TierError> {
-        StreamPool::alloc(self, req.size, req.stream).map_err(stream_err)
+        DriverPool::alloc(self, req.size, req.stream).map_err(stream_err)
     }
     fn free(&self, ptr: u64, stream: StreamId) -> Result<(), TierError> {
-        StreamPool::free(self, ptr, stream).map_err(stream_err)
+        DriverPool::free(self, ptr, stream).map_err(stream_err)
     }
     fn reserved(&self) -> (u64, u64) {
         self.stats()
@@ -149,7 +149,7 @@ impl TierAlloc for StreamPool {
             .map_or((0, 0), |u| (u.reserved_current, u.reserved_high))
     }
     fn trim(&self) {
-        if let Err(e) = StreamPool::trim(self, 0) {
+        if let Err(e) = DriverPool::trim(self, 0) {
             log::error!("genpool: trimming the stream pool: {e}");
         }
     }
