@@ -8,13 +8,13 @@
 //! - `engine/warm/<tier>/<size>`: a ring of [`RING`] live blocks of one size, the oldest freed and a new
 //!   one allocated each iteration (one alloc + one free per iteration, so criterion's time is ns per
 //!   pair). The tier is forced with a lifetime hint and the configuration: `slab` (short hint),
-//!   `extent` (short hint, above the slab's largest size), `buddy` (`long_tier:buddy`, long hint),
-//!   `stream` (`mid_tier:stream`, mid hint: a private stream-ordered driver pool). `slab/mixed` cycles
+//!   `extent` (short hint, above the slab's largest size), `buddy` (`experimental.long_tier:buddy`, long hint),
+//!   `stream` (`experimental.mid_tier:stream`, mid hint: a private stream-ordered driver pool). `slab/mixed` cycles
 //!   sizes of 512 B – 4 KiB. Before each run the bench prints the tier that served the ring and how
 //!   many device calls one steady-state pair makes (a warm tier should make none).
 //! - `engine/classifier/<mode>/<size>`: the same ring with the classifier in charge: `hinted` (short
 //!   hint: the prediction is scored but overridden), `predicted` (no hint: the classifier routes) and
-//!   `single` (`routing:single`: lifetime ignored, size alone routes).
+//!   `single` (`experimental.routing:single`: lifetime ignored, size alone routes).
 //! - `engine/threads/<T>`: T threads each cycling a ring of 16 short-lived blocks of 512 B – 4 KiB on one
 //!   stream; every 4th block is handed to the next thread through a bounded queue and freed there (a
 //!   cross-thread free; with T = 1 the thread hands blocks to itself). Time is wall time per operation
@@ -177,7 +177,7 @@ fn warm(c: &mut Criterion) {
             &mut g,
             G,
             id,
-            "long_tier:buddy",
+            "experimental.long_tier:buddy",
             long,
             &[size],
             Some(Tier::Buddy),
@@ -190,7 +190,7 @@ fn warm(c: &mut Criterion) {
             &mut g,
             G,
             id,
-            "mid_tier:stream",
+            "experimental.mid_tier:stream",
             mid,
             &[size],
             Some(Tier::Stream),
@@ -206,7 +206,7 @@ fn classifier(c: &mut Criterion) {
     let modes = [
         ("hinted", "", hint(Lifetime::Short)),
         ("predicted", "", Hint::NONE),
-        ("single", "routing:single", Hint::NONE),
+        ("single", "experimental.routing:single", Hint::NONE),
     ];
     for size in [4 * KIB, MIB] {
         for (mode, conf, h) in modes {

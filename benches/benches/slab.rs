@@ -23,7 +23,7 @@ fn config() -> Criterion {
 fn slab() -> Arc<Slab> {
     let dev: Arc<dyn Device> = Arc::new(SimDevice::new());
     let pool = PagePool::new(dev.clone(), PagePoolConfig::default()).expect("page pool");
-    Arc::new(Slab::new(&pool, dev, SlabConfig::default()).expect("slab"))
+    Arc::new(Slab::new(&pool, dev, SlabConfig::wide()).expect("slab"))
 }
 
 const SIZES: [u64; 8] = [512, 4096, 1536, 65536, 20_000, 8192, 700, 30_000];

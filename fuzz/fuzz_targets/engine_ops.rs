@@ -50,9 +50,9 @@ struct Input {
 
 const CONFIGS: [&str; 4] = [
     "",
-    "mid_tier:stream,long_tier:buddy,slab_max_size:64K",
-    "cache_max_bytes:1G,long_tier:buddy",
-    "routing:single,eager_unmap:true",
+    "experimental.mid_tier:stream,experimental.long_tier:buddy,slab_max_size:64K",
+    "experimental.cache_max_bytes:1G,experimental.long_tier:buddy",
+    "experimental.routing:single,eager_unmap:true",
 ];
 
 fn check(dev: &SimDevice, ptr: u64, size: u64, pattern: u8) {

@@ -45,21 +45,7 @@ pub fn esc(s: &str) -> String {
     o
 }
 
-/// Bytes in binary units with two decimals (`1.50 GiB`).
-pub fn human(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.2} {}", UNITS[u])
-    }
-}
+pub use crate::units::human;
 
 /// A "nice" step (1, 2 or 5 × 2^k... in bytes: a power of two or 1.25/2.5/5 × one) giving at most
 /// `ticks` ticks up to `max`.

@@ -20,6 +20,7 @@ mod recommend;
 mod report;
 pub mod rmm;
 pub mod timeline;
+pub mod units;
 pub mod waste;
 
 use gen_trace::{replay_plan, ReplayAllocator, ReplayError, ReplayOptions, ReplayPlan, Trace};

@@ -109,7 +109,7 @@ fn gib(b: i64) -> String {
     if b.unsigned_abs() as f64 >= GIB / 100.0 {
         format!("{sign}{:.2} GiB", b.unsigned_abs() as f64 / GIB)
     } else {
-        format!("{sign}{}", crate::html::human(b.unsigned_abs()))
+        format!("{sign}{}", crate::units::human(b.unsigned_abs()))
     }
 }
 

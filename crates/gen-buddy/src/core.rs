@@ -381,19 +381,7 @@ impl BuddyCore {
         // Free and live ranges must tile [0, len) exactly.
         let mut all = self.free_ranges();
         all.extend(self.live_ranges());
-        all.sort_unstable();
-        let mut at = 0;
-        for (off, len) in all {
-            if off != at {
-                return Err(format!(
-                    "gap or overlap at byte {at:#x} (next range starts at {off:#x})"
-                ));
-            }
-            at = off + len;
-        }
-        if at != self.len {
-            return Err(format!("ranges end at {at:#x}, core is {:#x}", self.len));
-        }
+        gen_vmm::check_tiling(all, self.len)?;
         let live: u64 = self.live.values().sum();
         if live != self.live_units {
             return Err(format!(

@@ -28,7 +28,7 @@ mod table;
 
 use std::sync::Arc;
 
-use gen_vmm::{PagePool, Region, VmmError};
+use gen_vmm::{PagePool, Region};
 use parking_lot::Mutex;
 
 pub use crate::core::{round_size, BuddyCore, CoreError, MAX_ORDER, MIN_BLOCK};
@@ -36,46 +36,8 @@ use crate::table::RangeTable;
 pub use crate::table::MAX_REGIONS;
 use gen_vmm::PageTally;
 
-/// Errors of the buddy tier.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum BuddyError {
-    /// Committing the block needs new physical pages and `grow` was false (passed through from
-    /// [`Region::commit`]); the engine flushes its caches and retries with `grow == true`.
-    #[error("allocation would create {pages} new physical page(s)")]
-    WouldGrow {
-        /// Pages that would have to be created.
-        pages: u64,
-    },
-    /// A size of 0, or one too large to represent after rounding.
-    #[error("invalid allocation size {0}")]
-    InvalidSize(u64),
-    /// `free` of a pointer that is not the start of a live block of this tier (unknown, interior or
-    /// already freed).
-    #[error("invalid free of {ptr:#x}: not the start of a live buddy block")]
-    InvalidFree {
-        /// The pointer passed to `free`.
-        ptr: u64,
-    },
-    /// Every one of the [`MAX_REGIONS`] region slots is in use.
-    #[error("the buddy tier already holds {MAX_REGIONS} regions")]
-    TooManyRegions,
-    /// A configuration the tier cannot work with.
-    #[error("invalid buddy configuration: {0}")]
-    InvalidConfig(String),
-    /// Any other error of the page layer, passed through unchanged (out of memory included:
-    /// [`VmmError::OutOfMemory`], or a device error with [`gen_device::DeviceError::is_oom`]).
-    #[error(transparent)]
-    Vmm(VmmError),
-}
-
-impl From<VmmError> for BuddyError {
-    fn from(e: VmmError) -> Self {
-        match e {
-            VmmError::WouldGrow { pages } => BuddyError::WouldGrow { pages },
-            other => BuddyError::Vmm(other),
-        }
-    }
-}
+/// Errors of the buddy tier: the page-mapped tiers' one error type.
+pub use gen_vmm::TierError;
 
 /// Configuration of a [`Buddy`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -162,13 +124,13 @@ impl std::fmt::Debug for Buddy {
 
 impl Buddy {
     /// A buddy tier drawing pages from `pool`. Reserves no VA until the first allocation.
-    pub fn new(pool: &Arc<PagePool>, cfg: BuddyConfig) -> Result<Self, BuddyError> {
+    pub fn new(pool: &Arc<PagePool>, cfg: BuddyConfig) -> Result<Self, TierError> {
         let page = pool.page_size();
         if !cfg.region_len.is_power_of_two()
             || cfg.region_len < page.max(MIN_BLOCK)
             || BuddyCore::new(cfg.region_len).is_err()
         {
-            return Err(BuddyError::InvalidConfig(format!(
+            return Err(TierError::InvalidConfig(format!(
                 "region_len {:#x} must be a power of two of at least one page ({page:#x} B) and at most 2^62",
                 cfg.region_len
             )));
@@ -194,10 +156,10 @@ impl Buddy {
     }
 
     /// Allocate `size` bytes (rounded up to 512 B, 512-B aligned) and commit exactly those bytes. With
-    /// `grow == false`, fails with [`BuddyError::WouldGrow`] rather than create physical pages. On error
+    /// `grow == false`, fails with [`TierError::WouldGrow`] rather than create physical pages. On error
     /// nothing changed (a region created for the request is released again).
-    pub fn alloc(&self, size: u64, grow: bool) -> Result<u64, BuddyError> {
-        let rounded = round_size(size).ok_or(BuddyError::InvalidSize(size))?;
+    pub fn alloc(&self, size: u64, grow: bool) -> Result<u64, TierError> {
+        let rounded = round_size(size).ok_or(TierError::InvalidSize(size))?;
         let mut g = self.inner.lock();
         // First fit over the regions in address order (each core places at its lowest fitting address).
         let placed = g
@@ -212,7 +174,7 @@ impl Buddy {
                 let off = g.arenas[i]
                     .core
                     .alloc(rounded)
-                    .ok_or(BuddyError::InvalidSize(size))?;
+                    .ok_or(TierError::InvalidSize(size))?;
                 (i, off, true)
             }
         };
@@ -235,21 +197,24 @@ impl Buddy {
     }
 
     /// Free the block starting at `ptr`, decommitting its bytes; returns its (rounded) size. A pointer
-    /// that is not the start of a live block of this tier is [`BuddyError::InvalidFree`], with no effect.
-    pub fn free(&self, ptr: u64) -> Result<u64, BuddyError> {
+    /// that is not the start of a live block of this tier is [`TierError::InvalidFree`], with no effect.
+    pub fn free(&self, ptr: u64) -> Result<u64, TierError> {
         let mut g = self.inner.lock();
         let idx = g
             .arenas
             .partition_point(|a| a.region.base() <= ptr)
             .checked_sub(1)
             .filter(|&i| g.arenas[i].region.contains(ptr))
-            .ok_or(BuddyError::InvalidFree { ptr })?;
+            .ok_or(TierError::InvalidFree {
+                ptr,
+                reason: "not the start of a live buddy block",
+            })?;
         let arena = &mut g.arenas[idx];
         let off = ptr - arena.region.base();
-        let size = arena
-            .core
-            .free(off)
-            .ok_or(BuddyError::InvalidFree { ptr })?;
+        let size = arena.core.free(off).ok_or(TierError::InvalidFree {
+            ptr,
+            reason: "not the start of a live buddy block",
+        })?;
         arena.region.decommit(off, size);
         let before = arena.tally.pages();
         arena.tally.remove(off, size);
@@ -357,13 +322,13 @@ impl Buddy {
     }
 
     /// Create a region for a request of `rounded` bytes that fits nowhere; returns its index.
-    fn add_region(&self, g: &mut Inner, rounded: u64) -> Result<usize, BuddyError> {
+    fn add_region(&self, g: &mut Inner, rounded: u64) -> Result<usize, TierError> {
         let len = rounded
             .checked_next_power_of_two()
             .map(|p| p.max(self.cfg.region_len))
             .filter(|&l| l <= MIN_BLOCK << MAX_ORDER)
-            .ok_or(BuddyError::InvalidSize(rounded))?;
-        let core = BuddyCore::new(len).map_err(|_| BuddyError::InvalidSize(rounded))?;
+            .ok_or(TierError::InvalidSize(rounded))?;
+        let core = BuddyCore::new(len).map_err(|_| TierError::InvalidSize(rounded))?;
         // Hysteresis: an empty region that cannot serve this request only costs VA; let it go first.
         let mut i = 0;
         while i < g.arenas.len() {
@@ -377,7 +342,11 @@ impl Buddy {
         let slot = self
             .table
             .insert(region.base(), len)
-            .ok_or(BuddyError::TooManyRegions)?;
+            .ok_or(TierError::Exhausted {
+                what: "buddy regions",
+                requested: 1,
+                available: MAX_REGIONS as u64,
+            })?;
         let arena = Arena {
             region,
             core,

@@ -10,13 +10,11 @@
 //! 5. `owns` holds for every live pointer;
 //! 6. after freeing everything nothing is committed, and after `trim` no region (no VA) is held.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use gen_buddy::{Buddy, BuddyConfig, BuddyError, MAX_REGIONS};
+use gen_buddy::{Buddy, BuddyConfig, TierError, MAX_REGIONS};
 use gen_device::sim::SimDevice;
-use gen_device::Device;
-use gen_vmm::{PagePool, PagePoolConfig, VmmError};
+use gen_vmm::{PagePool, VmmError};
 use proptest::prelude::*;
 
 const KIB: u64 = 1 << 10;
@@ -24,22 +22,7 @@ const MIB: u64 = 1 << 20;
 const PAGE: u64 = 64 * KIB;
 
 fn setup(limit: Option<u64>) -> (Arc<SimDevice>, Arc<PagePool>) {
-    let dev = Arc::new(
-        SimDevice::config()
-            .granularity(PAGE)
-            .capacity(1 << 30)
-            .build()
-            .unwrap(),
-    );
-    let pool = PagePool::new(
-        dev.clone() as Arc<dyn Device>,
-        PagePoolConfig {
-            limit,
-            ..PagePoolConfig::default()
-        },
-    )
-    .unwrap();
-    (dev, pool)
+    gen_vmm::testing::sim_pages(PAGE, 1 << 30, limit)
 }
 
 fn buddy(pool: &Arc<PagePool>, region_len: u64) -> Buddy {
@@ -54,11 +37,7 @@ fn buddy(pool: &Arc<PagePool>, region_len: u64) -> Buddy {
 }
 
 fn pages_of(live: &[(u64, u64)]) -> u64 {
-    let pages: BTreeSet<u64> = live
-        .iter()
-        .flat_map(|&(p, s)| p / PAGE..=(p + s - 1) / PAGE)
-        .collect();
-    pages.len() as u64 * PAGE
+    gen_vmm::testing::pages_touched(live, PAGE)
 }
 
 #[test]
@@ -73,15 +52,15 @@ fn rejects_bad_config_and_sizes() {
             },
         );
         assert!(
-            matches!(r, Err(BuddyError::InvalidConfig(_))),
+            matches!(r, Err(TierError::InvalidConfig(_))),
             "region_len {region_len:#x}: {r:?}"
         );
     }
     let b = buddy(&pool, MIB);
-    assert_eq!(b.alloc(0, true), Err(BuddyError::InvalidSize(0)));
+    assert_eq!(b.alloc(0, true), Err(TierError::InvalidSize(0)));
     assert_eq!(
         b.alloc(u64::MAX, true),
-        Err(BuddyError::InvalidSize(u64::MAX))
+        Err(TierError::InvalidSize(u64::MAX))
     );
     assert_eq!(b.stats().regions, 0);
 }
@@ -139,10 +118,7 @@ fn small_blocks_share_pages() {
 fn would_grow_passes_through_and_changes_nothing() {
     let (_dev, pool) = setup(None);
     let b = buddy(&pool, MIB);
-    assert_eq!(
-        b.alloc(1000, false),
-        Err(BuddyError::WouldGrow { pages: 1 })
-    );
+    assert_eq!(b.alloc(1000, false), Err(TierError::WouldGrow { pages: 1 }));
     let s = b.stats();
     assert_eq!(
         (s.regions, s.live_blocks, s.committed_bytes, s.allocs),
@@ -165,7 +141,7 @@ fn out_of_memory_passes_through_and_changes_nothing() {
     let before = b.stats();
     let r = b.alloc(2 * PAGE, true);
     assert!(
-        matches!(r, Err(BuddyError::Vmm(VmmError::OutOfMemory { .. }))),
+        matches!(r, Err(TierError::Vmm(VmmError::OutOfMemory { .. }))),
         "{r:?}"
     );
     assert_eq!(b.stats(), before);
@@ -177,13 +153,22 @@ fn out_of_memory_passes_through_and_changes_nothing() {
 fn invalid_frees_are_typed_and_harmless() {
     let (_dev, pool) = setup(None);
     let b = buddy(&pool, MIB);
-    assert_eq!(b.free(0x1234), Err(BuddyError::InvalidFree { ptr: 0x1234 }));
+    assert_eq!(
+        b.free(0x1234),
+        Err(TierError::InvalidFree {
+            ptr: 0x1234,
+            reason: "not the start of a live buddy block"
+        })
+    );
     let p = b.alloc(4 * KIB, true).unwrap();
     let before = b.stats();
     for bad in [p + 1, p + 512, p + 64 * KIB, p - 1, u64::MAX] {
         assert_eq!(
             b.free(bad),
-            Err(BuddyError::InvalidFree { ptr: bad }),
+            Err(TierError::InvalidFree {
+                ptr: bad,
+                reason: "not the start of a live buddy block"
+            }),
             "{bad:#x}"
         );
     }
@@ -191,7 +176,10 @@ fn invalid_frees_are_typed_and_harmless() {
     assert_eq!(b.free(p), Ok(4 * KIB));
     assert_eq!(
         b.free(p),
-        Err(BuddyError::InvalidFree { ptr: p }),
+        Err(TierError::InvalidFree {
+            ptr: p,
+            reason: "not the start of a live buddy block"
+        }),
         "double free"
     );
     b.check().unwrap();
@@ -253,7 +241,14 @@ fn region_table_full_is_an_error_and_changes_nothing() {
         .map(|_| b.alloc(PAGE, true).unwrap())
         .collect();
     let before = b.stats();
-    assert_eq!(b.alloc(PAGE, true), Err(BuddyError::TooManyRegions));
+    assert_eq!(
+        b.alloc(PAGE, true),
+        Err(TierError::Exhausted {
+            what: "buddy regions",
+            requested: 1,
+            available: MAX_REGIONS as u64
+        })
+    );
     assert_eq!(b.stats(), before);
     assert_eq!(dev.outstanding().va_reservations, MAX_REGIONS);
     for p in ptrs {

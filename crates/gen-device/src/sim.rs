@@ -496,7 +496,7 @@ struct PoolBlock {
     data: Sparse,
 }
 
-struct Pool {
+struct SimMemPool {
     threshold: u64,
     usage: PoolUsage,
     /// Free blocks of this pool, by (size, address).
@@ -534,7 +534,7 @@ struct State {
     phys: BTreeMap<u64, Phys>,
     next_phys: u64,
     mappings: BTreeMap<u64, Mapping>,
-    pools: BTreeMap<u64, Pool>,
+    pools: BTreeMap<u64, SimMemPool>,
     next_pool: u64,
     blocks: BTreeMap<u64, PoolBlock>,
     streams: BTreeMap<StreamId, Stream>,
@@ -1284,7 +1284,7 @@ impl Device for SimDevice {
         st.next_pool += 1;
         st.pools.insert(
             id,
-            Pool {
+            SimMemPool {
                 threshold: release_threshold,
                 usage: PoolUsage::default(),
                 free: BTreeSet::new(),

@@ -515,19 +515,7 @@ impl ExtentCore {
         }
         let mut all = frees;
         all.extend(lives);
-        all.sort_unstable();
-        let mut at = 0;
-        for (off, len) in all {
-            if off != at {
-                return Err(format!(
-                    "gap or overlap at {at:#x} (next range starts at {off:#x})"
-                ));
-            }
-            at = off + len;
-        }
-        if at != self.len {
-            return Err(format!("ranges end at {at:#x}, core is {:#x}", self.len));
-        }
+        gen_vmm::check_tiling(all, self.len)?;
         Ok(())
     }
 }

@@ -11,13 +11,11 @@
 //! 5. best fit: the block lands where the model's smallest-then-lowest free gap says;
 //! 6. after freeing everything nothing is committed and one free extent spans the arena.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use gen_device::sim::SimDevice;
-use gen_device::Device;
-use gen_extent::{ExtentArena, ExtentConfig, ExtentError};
-use gen_vmm::{PagePool, PagePoolConfig, VmmError};
+use gen_extent::{ExtentArena, ExtentConfig, TierError};
+use gen_vmm::{PagePool, VmmError};
 use proptest::prelude::*;
 
 const KIB: u64 = 1 << 10;
@@ -25,22 +23,7 @@ const MIB: u64 = 1 << 20;
 const PAGE: u64 = 64 * KIB;
 
 fn setup(limit: Option<u64>) -> (Arc<SimDevice>, Arc<PagePool>) {
-    let dev = Arc::new(
-        SimDevice::config()
-            .granularity(PAGE)
-            .capacity(1 << 30)
-            .build()
-            .unwrap(),
-    );
-    let pool = PagePool::new(
-        dev.clone() as Arc<dyn Device>,
-        PagePoolConfig {
-            limit,
-            ..PagePoolConfig::default()
-        },
-    )
-    .unwrap();
-    (dev, pool)
+    gen_vmm::testing::sim_pages(PAGE, 1 << 30, limit)
 }
 
 fn arena(pool: &Arc<PagePool>, va_bytes: u64) -> ExtentArena {
@@ -56,11 +39,7 @@ fn arena(pool: &Arc<PagePool>, va_bytes: u64) -> ExtentArena {
 }
 
 fn pages_of(live: &[(u64, u64)]) -> u64 {
-    let pages: BTreeSet<u64> = live
-        .iter()
-        .flat_map(|&(p, s)| p / PAGE..=(p + s - 1) / PAGE)
-        .collect();
-    pages.len() as u64 * PAGE
+    gen_vmm::testing::pages_touched(live, PAGE)
 }
 
 fn cases() -> u32 {
@@ -72,10 +51,13 @@ fn cases() -> u32 {
 }
 
 #[test]
-fn default_va_is_twice_the_device_memory() {
+fn default_va_is_default_va_times_the_device_memory() {
     let (_dev, pool) = setup(None);
     let a = ExtentArena::new(&pool, ExtentConfig::default()).unwrap();
-    assert_eq!(a.stats().reserved_va_bytes, 2 << 30);
+    assert_eq!(
+        a.stats().reserved_va_bytes,
+        gen_extent::DEFAULT_VA_TIMES << 30
+    );
     // A length that is not a whole number of pages is rounded up.
     let b = arena(&pool, MIB + 1);
     assert_eq!(b.stats().reserved_va_bytes, MIB + PAGE);
@@ -87,7 +69,7 @@ fn default_va_is_twice_the_device_memory() {
             ..ExtentConfig::default()
         },
     );
-    assert!(matches!(r, Err(ExtentError::InvalidConfig(_))), "{r:?}");
+    assert!(matches!(r, Err(TierError::InvalidConfig(_))), "{r:?}");
 }
 
 #[test]
@@ -142,16 +124,13 @@ fn free_decommits_and_coalesces() {
 fn would_grow_and_out_of_memory_pass_through_and_change_nothing() {
     let (_dev, pool) = setup(Some(2 * PAGE));
     let a = arena(&pool, 8 * MIB);
-    assert_eq!(
-        a.alloc(1000, false),
-        Err(ExtentError::WouldGrow { pages: 1 })
-    );
+    assert_eq!(a.alloc(1000, false), Err(TierError::WouldGrow { pages: 1 }));
     assert_eq!(a.stats().live_blocks, 0);
     let p = a.alloc(PAGE, true).unwrap();
     let before = a.stats();
     let r = a.alloc(2 * PAGE, true);
     assert!(
-        matches!(r, Err(ExtentError::Vmm(VmmError::OutOfMemory { .. }))),
+        matches!(r, Err(TierError::Vmm(VmmError::OutOfMemory { .. }))),
         "{r:?}"
     );
     assert_eq!(a.stats(), before);
@@ -168,17 +147,18 @@ fn would_grow_and_out_of_memory_pass_through_and_change_nothing() {
 fn address_space_exhaustion_and_bad_sizes_are_typed() {
     let (_dev, pool) = setup(None);
     let a = arena(&pool, MIB);
-    assert_eq!(a.alloc(0, true), Err(ExtentError::InvalidSize(0)));
+    assert_eq!(a.alloc(0, true), Err(TierError::InvalidSize(0)));
     assert_eq!(
         a.alloc(u64::MAX, true),
-        Err(ExtentError::InvalidSize(u64::MAX))
+        Err(TierError::InvalidSize(u64::MAX))
     );
     let p = a.alloc(MIB / 2, true).unwrap();
     assert_eq!(
         a.alloc(MIB / 2 + 1, true),
-        Err(ExtentError::OutOfAddressSpace {
+        Err(TierError::Exhausted {
+            what: "extent address space",
             requested: MIB / 2 + 512,
-            largest_free: MIB / 2
+            available: MIB / 2
         })
     );
     a.free(p).unwrap();
@@ -194,7 +174,10 @@ fn invalid_frees_are_typed_and_harmless() {
     for bad in [0, p + 1, p + 512, p + MIB, p - 1, u64::MAX] {
         assert_eq!(
             a.free(bad),
-            Err(ExtentError::InvalidFree { ptr: bad }),
+            Err(TierError::InvalidFree {
+                ptr: bad,
+                reason: "not the start of a live extent"
+            }),
             "{bad:#x}"
         );
     }
@@ -204,7 +187,10 @@ fn invalid_frees_are_typed_and_harmless() {
     assert_eq!(a.free(p), Ok(4 * KIB));
     assert_eq!(
         a.free(p),
-        Err(ExtentError::InvalidFree { ptr: p }),
+        Err(TierError::InvalidFree {
+            ptr: p,
+            reason: "not the start of a live extent"
+        }),
         "double free"
     );
     assert_eq!(a.trim(), 0);
@@ -326,7 +312,7 @@ proptest! {
                             live.push((p, rounded));
                             allocs += 1;
                         }
-                        Err(ExtentError::OutOfAddressSpace { .. }) => prop_assert_eq!(expect, None),
+                        Err(TierError::Exhausted { .. }) => prop_assert_eq!(expect, None),
                         Err(e) => return Err(TestCaseError::fail(e.to_string())),
                     }
                 }

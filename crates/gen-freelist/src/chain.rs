@@ -1,6 +1,6 @@
 //! [`Chain`]: the slots taken off a stack by one `take_all`.
 
-use crate::links::{tagged_push_chain, NIL};
+use crate::links::{plain_push_chain, tagged_push_chain, NIL};
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
 /// Where a [`Chain`] returns the slots it did not yield when it is dropped.
@@ -103,7 +103,7 @@ impl Drop for Chain<'_> {
                     Some(tag.wrapping_add(1))
                 });
             }
-            Home::Plain(head) => crate::transfer::plain_push_chain(head, self.links, first, last),
+            Home::Plain(head) => plain_push_chain(head, self.links, first, last),
         }
     }
 }

@@ -138,3 +138,16 @@ pub(crate) fn check_all(idxs: &[u32], capacity: usize) -> Result<(), FreeListErr
         None => Ok(()),
     }
 }
+
+/// Pushes the chain `first ..= last` (its inner links already set) onto the untagged stack `head`.
+#[inline]
+pub(crate) fn plain_push_chain(head: &AtomicU32, links: &[AtomicU32], first: u32, last: u32) {
+    let mut top = head.load(Ordering::Relaxed);
+    loop {
+        links[last as usize].store(top, Ordering::Relaxed);
+        match head.compare_exchange_weak(top, first, Ordering::Release, Ordering::Relaxed) {
+            Ok(_) => return,
+            Err(actual) => top = actual,
+        }
+    }
+}

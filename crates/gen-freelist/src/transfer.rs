@@ -3,7 +3,7 @@
 use crossbeam_utils::CachePadded;
 
 use crate::chain::{Chain, Home};
-use crate::links::{alloc_links, check_all, link_slice, NIL};
+use crate::links::{alloc_links, check_all, link_slice, plain_push_chain, NIL};
 use crate::sync::{AtomicU32, Ordering};
 use crate::FreeListError;
 
@@ -100,19 +100,6 @@ impl TransferStack {
     #[inline]
     pub fn is_empty(&self) -> bool {
         self.head.load(Ordering::Relaxed) == NIL
-    }
-}
-
-/// Pushes the chain `first ..= last` (its inner links already set) onto the untagged stack `head`.
-#[inline]
-pub(crate) fn plain_push_chain(head: &AtomicU32, links: &[AtomicU32], first: u32, last: u32) {
-    let mut top = head.load(Ordering::Relaxed);
-    loop {
-        links[last as usize].store(top, Ordering::Relaxed);
-        match head.compare_exchange_weak(top, first, Ordering::Release, Ordering::Relaxed) {
-            Ok(_) => return,
-            Err(actual) => top = actual,
-        }
     }
 }
 

@@ -26,12 +26,15 @@
 //!    planner starts detecting again; the owner releases the range once its last planned block is freed.
 //!
 //! The planner only computes offsets: it knows nothing of devices, streams or threads (its owner serialises
-//! calls, e.g. under a mutex, and keeps planning to a single stream — see genpool's engine).
+//! calls, e.g. under a mutex, and keeps planning to a single stream — see genpool's engine). [`PlanServer`]
+//! (`server.rs`) is that owner's half: the range of page-mapped address space a plan serves from.
 
+pub mod server;
 pub mod solve;
 
 use std::collections::HashMap;
 
+pub use server::{PlanServer, PlanServerConfig, PlanServerStats};
 use solve::Interval;
 
 /// Configuration of a [`Planner`].
@@ -62,7 +65,7 @@ impl Default for PlanConfig {
             max_period: 8192,
             confirm: 2048,
             window: 8,
-            background: false,
+            background: true,
         }
     }
 }

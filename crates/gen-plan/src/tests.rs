@@ -1,5 +1,14 @@
 use std::collections::HashMap;
 
+/// The default configuration, packing on the caller's thread: these tests follow the sequence
+/// allocation by allocation.
+fn foreground() -> PlanConfig {
+    PlanConfig {
+        background: false,
+        ..PlanConfig::default()
+    }
+}
+
 use super::*;
 
 /// One event of a synthetic program.
@@ -133,7 +142,7 @@ fn a_training_loop_is_planned_and_served_from_its_plan() {
     let mut o = Owner::new(PlanConfig {
         confirm: 256,
         max_period: 1024,
-        ..PlanConfig::default()
+        ..foreground()
     });
     // Weights: long-lived, never freed.
     o.run(&[Ev::Alloc(1, 1 << 20), Ev::Alloc(2, 1 << 20)]);
@@ -174,7 +183,7 @@ fn a_shape_change_is_served_elsewhere_and_a_new_regime_is_replanned() {
     let mut o = Owner::new(PlanConfig {
         confirm: 256,
         max_period: 1024,
-        ..PlanConfig::default()
+        ..foreground()
     });
     for it in 0..16 {
         o.run(&iteration(1000 * (it + 1), 10, 1));
@@ -200,7 +209,7 @@ fn a_block_that_outlives_its_recording_is_not_overwritten() {
     let mut o = Owner::new(PlanConfig {
         confirm: 256,
         max_period: 1024,
-        ..PlanConfig::default()
+        ..foreground()
     });
     for it in 0..16 {
         o.run(&iteration(1000 * (it + 1), 8, 1));
@@ -225,7 +234,7 @@ fn an_aperiodic_sequence_is_never_planned() {
     let mut o = Owner::new(PlanConfig {
         confirm: 256,
         max_period: 1024,
-        ..PlanConfig::default()
+        ..foreground()
     });
     let mut s = 0x2545_f491_4f6c_dd1du64;
     let mut live: Vec<u32> = Vec::new();
@@ -254,7 +263,7 @@ fn ready_plans_that_lose_the_sequence_back_off() {
     let mut o = Owner::new(PlanConfig {
         confirm: 256,
         max_period: 1024,
-        ..PlanConfig::default()
+        ..foreground()
     });
     o.serve = false;
     let mut base = 0;
@@ -308,7 +317,7 @@ fn background_packing_serves_the_same_plan() {
     let cfg = PlanConfig {
         confirm: 256,
         max_period: 1024,
-        ..PlanConfig::default()
+        ..foreground()
     };
     let mut fg = Owner::new(cfg.clone());
     let mut bg = Owner::new(PlanConfig {
@@ -347,7 +356,7 @@ fn a_plan_packed_late_picks_the_sequence_up_where_it_is() {
         confirm: 256,
         max_period: 1024,
         background: true,
-        ..PlanConfig::default()
+        ..foreground()
     });
     o.run(&[Ev::Alloc(1, 1 << 20)]);
     let mut it = 0;
@@ -391,7 +400,7 @@ fn pausing_drops_what_needs_every_allocation_and_detection_starts_again() {
     let mut o = Owner::new(PlanConfig {
         confirm: 256,
         max_period: 1024,
-        ..PlanConfig::default()
+        ..foreground()
     });
     o.serve = false; // an owner whose tiers move no page: plans stay ready, never served
     let mut id = 0;

@@ -1,6 +1,7 @@
 //! Short-lived tier: size classes over device chunks with lock-free free lists.
 //!
-//! A [`Slab`] serves blocks of 1 B ..= [`SlabConfig::max_size`] (1 MiB by default) from size classes (see
+//! A [`Slab`] serves blocks of 1 B ..= [`SlabConfig::max_size`] (4 KiB by default: each class pins whole 2 MiB chunks, and above a few KiB the extent arena packs
+//! tighter — genpool's measured default) from size classes (see
 //! [`SizeClasses`] for the spacing and the waste bound: `class - size < max(512, size / 2^B)`, i.e. under
 //! 25 % with the default 4 classes per doubling). Every class owns a disjoint, power-of-two sized slice
 //! ("span") of one [`gen_vmm::Region`]; slot `i` of class `c` always lives at
@@ -51,8 +52,8 @@ use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize};
 use std::sync::{Arc, OnceLock};
 
-use gen_device::{Device, DeviceError, EventHandle, StreamId};
-use gen_freelist::{FreeListError, FrontCache};
+use gen_device::{Device, EventHandle, StreamId};
+use gen_freelist::FrontCache;
 use gen_vmm::{PagePool, Region, VmmError};
 use parking_lot::Mutex;
 
@@ -87,10 +88,20 @@ pub struct SlabConfig {
     pub shard_capacity: usize,
 }
 
+impl SlabConfig {
+    /// The default with classes up to 1 MiB (the slab's own tests and benchmarks exercise large classes).
+    pub fn wide() -> Self {
+        SlabConfig {
+            max_size: 1 << 20,
+            ..SlabConfig::default()
+        }
+    }
+}
+
 impl Default for SlabConfig {
     fn default() -> Self {
         SlabConfig {
-            max_size: 1 << 20,
+            max_size: 4 << 10,
             classes_per_doubling: 4,
             class_span: 1 << 30,
             max_slots_per_class: 1 << 18,
@@ -101,61 +112,8 @@ impl Default for SlabConfig {
     }
 }
 
-/// Everything that can go wrong in the slab.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SlabError {
-    /// The configuration is inconsistent.
-    #[error("invalid slab configuration: {0}")]
-    InvalidConfig(String),
-    /// The size is 0 or above [`Slab::max_size`].
-    #[error("size {size} is not served by the slab (1..={max})")]
-    UnsupportedSize {
-        /// The size asked for.
-        size: u64,
-        /// The largest size served.
-        max: u64,
-    },
-    /// Every slot of the class is live (or its chunks cannot be recommitted).
-    #[error("size class {class_size} B is full ({capacity} slots)")]
-    ClassFull {
-        /// The class size.
-        class_size: u64,
-        /// Slots in the class.
-        capacity: u64,
-    },
-    /// Serving the request needs new physical pages and the caller asked not to grow.
-    #[error("slab allocation would create {pages} new physical page(s)")]
-    WouldGrow {
-        /// Pages that would have to be created.
-        pages: u64,
-    },
-    /// `ptr` is not a live block of this slab: foreign, not the start of a block, or freed already.
-    #[error("invalid free of {ptr:#x}: {reason}")]
-    InvalidFree {
-        /// The pointer passed to [`Slab::free`].
-        ptr: u64,
-        /// What is wrong with it.
-        reason: &'static str,
-    },
-    /// The page layer failed (out of memory, device error).
-    #[error(transparent)]
-    Vmm(VmmError),
-    /// A device call (events, synchronize) failed.
-    #[error(transparent)]
-    Device(#[from] DeviceError),
-    /// A free list could not be built (host memory).
-    #[error(transparent)]
-    FreeList(#[from] FreeListError),
-}
-
-impl From<VmmError> for SlabError {
-    fn from(e: VmmError) -> Self {
-        match e {
-            VmmError::WouldGrow { pages } => SlabError::WouldGrow { pages },
-            e => SlabError::Vmm(e),
-        }
-    }
-}
+/// Everything that can go wrong in the slab: the page-mapped tiers' one error type.
+pub use gen_vmm::TierError;
 
 /// Counters of one size class.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -315,14 +273,14 @@ impl Slab {
     /// A slab drawing pages from `pool`, recording events on `device` (the pool's device).
     ///
     /// # Errors
-    /// [`SlabError::InvalidConfig`] for inconsistent parameters, [`SlabError::Vmm`] if the address range
+    /// [`TierError::InvalidConfig`] for inconsistent parameters, [`TierError::Vmm`] if the address range
     /// cannot be reserved.
     pub fn new(
         pool: &Arc<PagePool>,
         device: Arc<dyn Device>,
         cfg: SlabConfig,
-    ) -> Result<Self, SlabError> {
-        let bad = |m: String| Err(SlabError::InvalidConfig(m));
+    ) -> Result<Self, TierError> {
+        let bad = |m: String| Err(TierError::InvalidConfig(m));
         let page = pool.page_size();
         let sizes = match SizeClasses::new(cfg.max_size, cfg.classes_per_doubling) {
             Some(s) => s,
@@ -458,19 +416,16 @@ impl Slab {
 
     /// A block of at least `size` bytes (512-byte aligned) for use on `stream`.
     ///
-    /// With `grow == false` it fails with [`SlabError::WouldGrow`] rather than make the page pool create
+    /// With `grow == false` it fails with [`TierError::WouldGrow`] rather than make the page pool create
     /// physical pages (the engine then releases caches and retries with `grow == true`).
     ///
     /// # Errors
-    /// [`SlabError::UnsupportedSize`], [`SlabError::WouldGrow`], [`SlabError::ClassFull`], and the
+    /// [`TierError::InvalidSize`], [`TierError::WouldGrow`], [`TierError::Exhausted`], and the
     /// page layer's and device's errors; on any error nothing changed.
     #[inline]
-    pub fn alloc(&self, size: u64, stream: StreamId, grow: bool) -> Result<u64, SlabError> {
+    pub fn alloc(&self, size: u64, stream: StreamId, grow: bool) -> Result<u64, TierError> {
         let Some((ci, _)) = self.sizes.lookup(size) else {
-            return Err(SlabError::UnsupportedSize {
-                size,
-                max: self.max_size(),
-            });
+            return Err(TierError::InvalidSize(size));
         };
         let c = &self.class[ci];
         if let Some(t) = self.streams.find(stream) {
@@ -488,10 +443,10 @@ impl Slab {
     /// size.
     ///
     /// # Errors
-    /// [`SlabError::InvalidFree`] if `ptr` is not a live block of this slab (foreign, interior, or freed
+    /// [`TierError::InvalidFree`] if `ptr` is not a live block of this slab (foreign, interior, or freed
     /// already); device errors on the overflow path. On any error nothing changed.
     #[inline]
-    pub fn free(&self, ptr: u64, stream: StreamId) -> Result<u64, SlabError> {
+    pub fn free(&self, ptr: u64, stream: StreamId) -> Result<u64, TierError> {
         let (c, slot) = self.locate(ptr)?;
         let t = match self.streams.find(stream) {
             Some(t) => Some(t),
@@ -505,7 +460,7 @@ impl Slab {
             None => self.init_list(c, t)?,
         };
         if c.live[slot as usize].swap(0, AcqRel) == 0 {
-            return Err(SlabError::InvalidFree {
+            return Err(TierError::InvalidFree {
                 ptr,
                 reason: "not allocated (double free?)",
             });
@@ -521,7 +476,7 @@ impl Slab {
     /// # Errors
     /// A failed device synchronize: chunks that were already safe are still decommitted, the others are
     /// kept, and the first error is returned after every class was processed.
-    pub fn reclaim(&self) -> Result<u64, SlabError> {
+    pub fn reclaim(&self) -> Result<u64, TierError> {
         let mut released = 0;
         let mut first_err = None;
         for c in self.class.iter() {
@@ -596,10 +551,10 @@ impl Slab {
 
     /// Class and slot of `ptr`, which must be the start of a slot.
     #[inline]
-    fn locate(&self, ptr: u64) -> Result<(&Class, u32), SlabError> {
+    fn locate(&self, ptr: u64) -> Result<(&Class, u32), TierError> {
         let off = ptr.wrapping_sub(self.base);
         let Some(c) = self.class.get((off >> self.span_shift) as usize) else {
-            return Err(SlabError::InvalidFree {
+            return Err(TierError::InvalidFree {
                 ptr,
                 reason: "not a slab address",
             });
@@ -607,14 +562,14 @@ impl Slab {
         // `span <= 2^32`, so the offset within the span fits in a u32.
         let within = (off & self.span_mask) as u32;
         if !c.div.divides(within) {
-            return Err(SlabError::InvalidFree {
+            return Err(TierError::InvalidFree {
                 ptr,
                 reason: "not the start of a block",
             });
         }
         let slot = c.div.div(within);
         if slot >= c.capacity {
-            return Err(SlabError::InvalidFree {
+            return Err(TierError::InvalidFree {
                 ptr,
                 reason: "beyond the class's slots",
             });
@@ -623,18 +578,19 @@ impl Slab {
     }
 
     #[cold]
-    fn init_list<'a>(&self, c: &'a Class, t: usize) -> Result<&'a FrontCache, SlabError> {
+    fn init_list<'a>(&self, c: &'a Class, t: usize) -> Result<&'a FrontCache, TierError> {
         if let Some(l) = c.lists[t].get() {
             return Ok(l);
         }
-        let l = FrontCache::new(c.capacity as usize, self.shards, self.shard_capacity)?;
+        let l = FrontCache::new(c.capacity as usize, self.shards, self.shard_capacity)
+            .map_err(|e| TierError::Host(e.to_string()))?;
         // A racing thread may have set it first: either list is empty and equivalent.
         let _ = c.lists[t].set(l);
         Ok(c.lists[t].get().expect("set above"))
     }
 
     #[inline]
-    fn list<'a>(&self, c: &'a Class, t: usize) -> Result<&'a FrontCache, SlabError> {
+    fn list<'a>(&self, c: &'a Class, t: usize) -> Result<&'a FrontCache, TierError> {
         match c.lists[t].get() {
             Some(l) => Ok(l),
             None => self.init_list(c, t),
@@ -643,7 +599,7 @@ impl Slab {
 
     /// Register `stream` in the stream table: its slot, or `None` when the table is full.
     #[cold]
-    fn register(&self, stream: StreamId) -> Result<Option<usize>, SlabError> {
+    fn register(&self, stream: StreamId) -> Result<Option<usize>, TierError> {
         let _reg = self.streams.reg.lock();
         if let Some(t) = self.streams.find(stream) {
             return Ok(Some(t));
@@ -700,7 +656,7 @@ impl Slab {
     }
 
     #[cold]
-    fn alloc_slow(&self, ci: usize, stream: StreamId, grow: bool) -> Result<u64, SlabError> {
+    fn alloc_slow(&self, ci: usize, stream: StreamId, grow: bool) -> Result<u64, TierError> {
         let c = &self.class[ci];
         let t = match self.streams.find(stream) {
             Some(t) => Some(t),
@@ -746,11 +702,12 @@ impl Slab {
             fail => fail,
         };
         Err(match fail {
-            CarveFail::Full => SlabError::ClassFull {
-                class_size: c.size,
-                capacity: u64::from(c.capacity),
+            CarveFail::Full => TierError::Exhausted {
+                what: "slab size class",
+                requested: c.size,
+                available: u64::from(c.capacity),
             },
-            CarveFail::WouldGrow(pages) => SlabError::WouldGrow { pages },
+            CarveFail::WouldGrow(pages) => TierError::WouldGrow { pages },
         })
     }
 
@@ -762,7 +719,7 @@ impl Slab {
         g: &mut ClassSlow,
         idle: &FrontCache,
         grow: bool,
-    ) -> Result<u32, Result<CarveFail, SlabError>> {
+    ) -> Result<u32, Result<CarveFail, TierError>> {
         let n_chunks = c.capacity / c.slots_per_chunk;
         let (k, fresh) = match g.released.last() {
             Some(&k) => (k, false),
@@ -804,7 +761,7 @@ impl Slab {
     }
 
     /// Move every pending batch whose event completed to the idle list. True if any moved.
-    fn poll_pending(&self, g: &mut ClassSlow, idle: &FrontCache) -> Result<bool, SlabError> {
+    fn poll_pending(&self, g: &mut ClassSlow, idle: &FrontCache) -> Result<bool, TierError> {
         let mut moved = false;
         let mut i = 0;
         while i < g.pending.len() {
@@ -843,7 +800,7 @@ impl Slab {
     }
 
     /// Record an event (from the pool, or a new one) on `stream`.
-    fn record(&self, stream: StreamId) -> Result<EventHandle, SlabError> {
+    fn record(&self, stream: StreamId) -> Result<EventHandle, TierError> {
         let pooled = self.events.lock().pop();
         let ev = match pooled {
             Some(ev) => ev,
@@ -858,7 +815,7 @@ impl Slab {
 
     /// Take a batch from every other stream's list that has free slots, each under one event recorded on
     /// its stream after the frees. True if any batch was taken.
-    fn migrate(&self, c: &Class, g: &mut ClassSlow, own: Option<usize>) -> Result<bool, SlabError> {
+    fn migrate(&self, c: &Class, g: &mut ClassSlow, own: Option<usize>) -> Result<bool, TierError> {
         let n = self.streams.count.load(Acquire);
         let mut any = false;
         for s in (0..n).filter(|&s| Some(s) != own) {
@@ -901,10 +858,10 @@ impl Slab {
         ptr: u64,
         slot: u32,
         stream: StreamId,
-    ) -> Result<u64, SlabError> {
+    ) -> Result<u64, TierError> {
         let mut g = c.slow.lock();
         if c.live[slot as usize].load(Relaxed) == 0 {
-            return Err(SlabError::InvalidFree {
+            return Err(TierError::InvalidFree {
                 ptr,
                 reason: "not allocated (double free?)",
             });
@@ -913,7 +870,7 @@ impl Slab {
         if c.live[slot as usize].swap(0, AcqRel) == 0 {
             // A concurrent free of the same pointer won: that one owns the slot.
             self.events.lock().push(event);
-            return Err(SlabError::InvalidFree {
+            return Err(TierError::InvalidFree {
                 ptr,
                 reason: "not allocated (double free?)",
             });
@@ -928,7 +885,7 @@ impl Slab {
 
     /// Reclaim one class. `may_sync`: whether a device synchronize may be attempted. On a failed
     /// synchronize returns the bytes released anyway and the error.
-    fn reclaim_class(&self, c: &Class, may_sync: bool) -> Result<u64, (u64, SlabError)> {
+    fn reclaim_class(&self, c: &Class, may_sync: bool) -> Result<u64, (u64, TierError)> {
         let mut g = c.slow.lock();
         if g.carved == 0 {
             return Ok(0);
@@ -973,7 +930,7 @@ impl Slab {
                     synced = true;
                     self.counters.synchronizes.fetch_add(1, Relaxed);
                 }
-                Err(e) => err = Some(SlabError::from(e)),
+                Err(e) => err = Some(TierError::from(e)),
             }
         }
         let reclaim: Vec<bool> = (0..free_in.len())

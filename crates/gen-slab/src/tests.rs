@@ -32,7 +32,7 @@ fn small_cfg() -> SlabConfig {
         classes_per_doubling: if miri { 1 } else { 4 },
         class_span: if miri { 16 * MIB } else { 64 * MIB },
         max_slots_per_class: if miri { 4096 } else { 1 << 14 },
-        ..SlabConfig::default()
+        ..SlabConfig::wide()
     }
 }
 
@@ -68,7 +68,7 @@ fn bad_frees_are_typed_errors_and_change_nothing() {
     let f = fixture(small_cfg());
     let s = &f.slab;
     let p = s.alloc(4096, 0, true).unwrap();
-    let inval = |r: Result<u64, SlabError>| matches!(r, Err(SlabError::InvalidFree { .. }));
+    let inval = |r: Result<u64, TierError>| matches!(r, Err(TierError::InvalidFree { .. }));
     assert!(inval(s.free(p + 512, 0)), "interior pointer");
     assert!(inval(s.free(0x1234, 0)), "foreign pointer");
     assert!(
@@ -101,7 +101,7 @@ fn unsupported_sizes_and_bad_configs_are_rejected() {
     for size in [0, MIB + 1, u64::MAX] {
         assert!(matches!(
             f.slab.alloc(size, 0, true),
-            Err(SlabError::UnsupportedSize { .. })
+            Err(TierError::InvalidSize(_))
         ));
         assert_eq!(f.slab.class_of(size), None);
     }
@@ -153,7 +153,7 @@ fn unsupported_sizes_and_bad_configs_are_rejected() {
     ];
     for cfg in bad {
         let r = Slab::new(&f.pool, f.dev.clone(), cfg.clone());
-        assert!(matches!(r, Err(SlabError::InvalidConfig(_))), "{cfg:?}");
+        assert!(matches!(r, Err(TierError::InvalidConfig(_))), "{cfg:?}");
     }
 }
 
@@ -163,7 +163,7 @@ fn would_grow_passes_up_and_nothing_changes() {
     let s = &f.slab;
     assert!(matches!(
         s.alloc(512, 0, false),
-        Err(SlabError::WouldGrow { pages: 1 })
+        Err(TierError::WouldGrow { pages: 1 })
     ));
     assert_eq!(s.stats().committed_bytes, 0);
     assert_eq!(f.pool.stats().pages_held, 0);
@@ -196,7 +196,7 @@ fn class_full_is_reported() {
     }
     assert!(matches!(
         s.alloc(size, 0, true),
-        Err(SlabError::ClassFull { class_size, capacity: c }) if class_size == size && c == capacity
+        Err(TierError::Exhausted { requested, available: c, .. }) if requested == size && c == capacity
     ));
     // Another class is unaffected.
     s.alloc(1024, 0, true).unwrap();
@@ -302,7 +302,7 @@ fn a_block_freed_on_a_paused_stream_waits_for_it() {
                 );
                 got.push(p);
             }
-            Err(SlabError::WouldGrow { .. }) => {
+            Err(TierError::WouldGrow { .. }) => {
                 would_grow = true;
                 break;
             }
@@ -359,7 +359,7 @@ fn streams_beyond_the_table_take_the_overflow_path() {
     assert_eq!(s.stats().overflow_frees, 2);
     let (p, st) = blocks[STREAM_SLOTS];
     assert!(
-        matches!(s.free(p, st), Err(SlabError::InvalidFree { .. })),
+        matches!(s.free(p, st), Err(TierError::InvalidFree { .. })),
         "double free on the overflow path"
     );
     // The overflow frees complete and are reused.
@@ -445,7 +445,7 @@ fn reclaim_of_safe_slots_needs_no_synchronize_and_unsafe_chunks_wait() {
     f.dev.memset_async(r, 0, 1 << 16, t).unwrap();
     s.free(r, t).unwrap();
     let committed = s.stats().committed_bytes;
-    assert!(matches!(s.reclaim(), Err(SlabError::Device(_))));
+    assert!(matches!(s.reclaim(), Err(TierError::Device(_))));
     assert_eq!(s.stats().committed_bytes, committed, "unsafe chunk kept");
     assert_eq!(
         s.alloc(1 << 16, t, true).unwrap(),
@@ -552,7 +552,7 @@ fn drop_returns_pages_and_events() {
 #[test]
 #[ignore]
 fn timing_alloc_free_pair() {
-    let f = fixture(SlabConfig::default());
+    let f = fixture(SlabConfig::wide());
     let s = &f.slab;
     let sizes = [512u64, 4096, 1536, 65536, 300_000];
     // Warm: commit a chunk per class.
@@ -620,7 +620,7 @@ fn timing_reference_primitives() {
 #[test]
 #[ignore]
 fn timing_thread_scaling() {
-    let f = fixture(SlabConfig::default());
+    let f = fixture(SlabConfig::wide());
     let slab = Arc::new(f.slab);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let pairs = 2_000_000u64;

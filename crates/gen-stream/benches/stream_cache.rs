@@ -1,4 +1,4 @@
-//! Hot-path cost of `StreamCache` (a hit on the caller's stream and a put) and of `StreamPool`'s cached
+//! Hot-path cost of `StreamCache` (a hit on the caller's stream and a put) and of `DriverPool`'s cached
 //! alloc/free, on the simulated device (the hot path makes no device call, so the device does not
 //! matter). `cargo bench -p gen-stream --bench stream_cache`.
 
@@ -8,7 +8,7 @@ use std::sync::Arc;
 use criterion::{criterion_group, criterion_main, Criterion};
 use gen_device::sim::SimDevice;
 use gen_device::Device;
-use gen_stream::{StreamCache, StreamCacheConfig, StreamPool, StreamPoolConfig};
+use gen_stream::{DriverPool, DriverPoolConfig, StreamCache, StreamCacheConfig};
 
 fn cache_hot_path(c: &mut Criterion) {
     let dev: Arc<dyn Device> = Arc::new(SimDevice::new());
@@ -34,7 +34,7 @@ fn cache_hot_path(c: &mut Criterion) {
         b.iter(|| black_box(cache.take(black_box(3), s)))
     });
 
-    let pool = StreamPool::new(dev, StreamPoolConfig::default()).unwrap();
+    let pool = DriverPool::new(dev, DriverPoolConfig::default()).unwrap();
     let live: Vec<u64> = sizes.iter().map(|&sz| pool.alloc(sz, 0).unwrap()).collect();
     for (&p, _) in live.iter().zip(&sizes) {
         pool.free(p, 0).unwrap();

@@ -265,7 +265,7 @@ struct Group {
 ///
 /// The cache owns no memory: it holds addresses its caller freed and hands them back through
 /// [`take`](Self::take) or [`drain`](Self::drain). It cannot detect a block put twice (the caller's
-/// bookkeeping does, e.g. [`StreamPool`](crate::StreamPool)'s live map). Dropping a non-empty cache
+/// bookkeeping does, e.g. [`DriverPool`](crate::DriverPool)'s live map). Dropping a non-empty cache
 /// forgets its blocks (they stay allocated in whatever tier they came from) and destroys its events.
 pub struct StreamCache {
     device: Arc<dyn Device>,

@@ -33,7 +33,7 @@ impl std::fmt::Display for InvalidFreeReason {
     }
 }
 
-/// Errors of [`StreamPool`](crate::StreamPool).
+/// Errors of [`DriverPool`](crate::DriverPool).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StreamError {
     /// A zero-byte allocation.

@@ -2,10 +2,10 @@
 //!
 //! Two pieces:
 //! - [`StreamCache`]: a thread-safe, exact-size recycler of freed blocks keyed by `(stream, size)`. The
-//!   engine puts one in front of its extent and buddy tiers; [`StreamPool`] puts one in front of the
+//!   engine puts one in front of its extent and buddy tiers; [`DriverPool`] puts one in front of the
 //!   driver pool. Its hot path (a hit on the caller's stream, a put) is one sharded lock and one small
 //!   hash lookup, with no driver call and no heap allocation in the steady state.
-//! - [`StreamPool`]: the mid-lived tier, a private pool (`cuMemPoolCreate`, never the default pool)
+//! - [`DriverPool`]: the mid-lived tier, a private pool (`cuMemPoolCreate`, never the default pool)
 //!   with stream-ordered alloc and free on the caller's stream, trim under memory pressure and a
 //!   drain/trim/retry answer to out-of-memory.
 //!
@@ -30,4 +30,4 @@ mod util;
 
 pub use cache::{StreamCache, StreamCacheConfig, StreamCacheStats};
 pub use error::{InvalidFreeReason, Overflow, StreamError};
-pub use pool::{StreamPool, StreamPoolConfig, StreamPoolStats};
+pub use pool::{DriverPool, DriverPoolConfig, DriverPoolStats};

@@ -1,4 +1,4 @@
-//! [`StreamPool`]: the mid-lived tier over a private stream-ordered pool, with a [`StreamCache`] in front.
+//! [`DriverPool`]: the mid-lived tier over a private stream-ordered pool, with a [`StreamCache`] in front.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -13,12 +13,12 @@ use crate::util::{mix, shard_count, Padded, U64Map};
 /// Default number of shards of the live-pointer map.
 const DEFAULT_MAP_SHARDS: usize = 32;
 
-/// Configuration of a [`StreamPool`].
+/// Configuration of a [`DriverPool`].
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StreamPoolConfig {
+pub struct DriverPoolConfig {
     /// The pool's release threshold (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`): memory it keeps at a
     /// synchronization point instead of returning it to the driver. `u64::MAX` (the default) keeps
-    /// everything; [`StreamPool::trim`] returns it under memory pressure.
+    /// everything; [`DriverPool::trim`] returns it under memory pressure.
     pub release_threshold: u64,
     /// Sizes are rounded up to a multiple of this (a power of two; default 512, PyTorch's rounding),
     /// which lets the exact-size cache serve near-equal requests.
@@ -29,9 +29,9 @@ pub struct StreamPoolConfig {
     pub map_shards: usize,
 }
 
-impl Default for StreamPoolConfig {
+impl Default for DriverPoolConfig {
     fn default() -> Self {
-        StreamPoolConfig {
+        DriverPoolConfig {
             release_threshold: u64::MAX,
             round_to: 512,
             cache: StreamCacheConfig::default(),
@@ -40,9 +40,9 @@ impl Default for StreamPoolConfig {
     }
 }
 
-/// Figures of a [`StreamPool`].
+/// Figures of a [`DriverPool`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct StreamPoolStats {
+pub struct DriverPoolStats {
     /// Bytes handed out and not freed (rounded sizes).
     pub live_bytes: u64,
     /// Blocks handed out and not freed.
@@ -59,10 +59,10 @@ pub struct StreamPoolStats {
     pub pool_frees: u64,
     /// Allocations that hit `OutOfMemory` and were retried after a drain and trim.
     pub oom_retries: u64,
-    /// [`StreamPool::trim`] calls (including those of the out-of-memory path).
+    /// [`DriverPool::trim`] calls (including those of the out-of-memory path).
     pub trims: u64,
     /// The driver's view of the pool (`None` if `pool_usage` failed; see
-    /// [`StreamPool::take_last_error`]).
+    /// [`DriverPool::take_last_error`]).
     pub pool: Option<PoolUsage>,
     /// The front cache's counters.
     pub cache: StreamCacheStats,
@@ -100,7 +100,7 @@ struct MapShard {
 /// Dropping the pool frees its cached blocks into it and destroys it (`cuMemPoolDestroy`; the driver
 /// releases the memory once outstanding stream work is done): free every live block first. [`close`](Self::close) does the same
 /// and returns the errors that `Drop` can only log.
-pub struct StreamPool {
+pub struct DriverPool {
     device: Arc<dyn Device>,
     pool: PoolHandle,
     cache: StreamCache,
@@ -115,18 +115,18 @@ pub struct StreamPool {
     destroyed: bool,
 }
 
-impl std::fmt::Debug for StreamPool {
+impl std::fmt::Debug for DriverPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StreamPool")
+        f.debug_struct("DriverPool")
             .field("pool", &self.pool)
             .field("cache", &self.cache)
             .finish_non_exhaustive()
     }
 }
 
-impl StreamPool {
+impl DriverPool {
     /// Create the tier: a private pool on `device` with `cfg.release_threshold`.
-    pub fn new(device: Arc<dyn Device>, cfg: StreamPoolConfig) -> Result<Self, StreamError> {
+    pub fn new(device: Arc<dyn Device>, cfg: DriverPoolConfig) -> Result<Self, StreamError> {
         if cfg.round_to == 0 || !cfg.round_to.is_power_of_two() {
             return Err(StreamError::Config("round_to must be a power of two"));
         }
@@ -135,7 +135,7 @@ impl StreamPool {
         }
         let pool = device.pool_create(cfg.release_threshold)?;
         let n = shard_count(cfg.map_shards, DEFAULT_MAP_SHARDS);
-        Ok(StreamPool {
+        Ok(DriverPool {
             cache: StreamCache::new(Arc::clone(&device), cfg.cache),
             device,
             pool,
@@ -328,14 +328,14 @@ impl StreamPool {
     }
 
     /// Current figures. Makes one `pool_usage` driver call.
-    pub fn stats(&self) -> StreamPoolStats {
-        let mut s = StreamPoolStats {
+    pub fn stats(&self) -> DriverPoolStats {
+        let mut s = DriverPoolStats {
             pool_allocs: self.pool_allocs.load(Ordering::Relaxed),
             pool_frees: self.pool_frees.load(Ordering::Relaxed),
             oom_retries: self.oom_retries.load(Ordering::Relaxed),
             trims: self.trims.load(Ordering::Relaxed),
             cache: self.cache.stats(),
-            ..StreamPoolStats::default()
+            ..DriverPoolStats::default()
         };
         s.cached_bytes = s.cache.cached_bytes;
         for shard in self.map.iter() {
@@ -388,7 +388,7 @@ impl StreamPool {
     }
 }
 
-impl Drop for StreamPool {
+impl Drop for DriverPool {
     fn drop(&mut self) {
         if let Err(e) = self.destroy() {
             log::error!("gen-stream pool: destroying {:?}: {e}", self.pool);

@@ -1,4 +1,4 @@
-//! On a real GPU: `StreamPool` alloc/free across two streams, a memset on one and a read after reuse on
+//! On a real GPU: `DriverPool` alloc/free across two streams, a memset on one and a read after reuse on
 //! the other. Run with `cargo test -p gen-stream --test cuda -- --include-ignored` on a CUDA machine
 //! (and under `compute-sanitizer --tool memcheck`); without a driver it fails saying why, unless
 //! `GENPOOL_SKIP_GPU=1` asks to skip (then it prints one line and passes).
@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use gen_device::cuda::CudaDevice;
 use gen_device::{Device, DeviceError};
-use gen_stream::{StreamPool, StreamPoolConfig};
+use gen_stream::{DriverPool, DriverPoolConfig};
 
 fn device() -> Option<Arc<dyn Device>> {
     match CudaDevice::new(0) {
@@ -33,7 +33,7 @@ fn skip_gpu() -> bool {
 fn cross_stream_reuse_on_a_real_gpu() {
     let Some(dev) = device() else { return };
     let (s, t) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
-    let pool = StreamPool::new(dev.clone(), StreamPoolConfig::default()).unwrap();
+    let pool = DriverPool::new(dev.clone(), DriverPoolConfig::default()).unwrap();
     const N: u64 = 8 << 20;
 
     // Same stream: a freed block comes back at once, and the data written on s is ordered before

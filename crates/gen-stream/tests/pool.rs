@@ -1,11 +1,11 @@
-//! `StreamPool` on the simulated device: reuse, cross-stream safety with real pool blocks, invalid
+//! `DriverPool` on the simulated device: reuse, cross-stream safety with real pool blocks, invalid
 //! frees, overflow to the driver, trim, out-of-memory recovery and teardown.
 
 use std::sync::Arc;
 
 use gen_device::sim::{CallKind, SimDevice};
 use gen_device::{Device, DeviceError};
-use gen_stream::{InvalidFreeReason, StreamCacheConfig, StreamError, StreamPool, StreamPoolConfig};
+use gen_stream::{DriverPool, DriverPoolConfig, InvalidFreeReason, StreamCacheConfig, StreamError};
 
 const G: u64 = 4096; // the simulated pool's granularity in these tests
 
@@ -20,15 +20,15 @@ fn sim(capacity: u64) -> Arc<SimDevice> {
     )
 }
 
-fn pool(dev: &Arc<SimDevice>, cfg: StreamPoolConfig) -> StreamPool {
-    StreamPool::new(dev.clone() as Arc<dyn Device>, cfg).unwrap()
+fn pool(dev: &Arc<SimDevice>, cfg: DriverPoolConfig) -> DriverPool {
+    DriverPool::new(dev.clone() as Arc<dyn Device>, cfg).unwrap()
 }
 
 #[test]
 fn same_stream_steady_state_makes_no_driver_calls() {
     let dev = sim(1 << 30);
     let s = dev.stream_create().unwrap();
-    let p = pool(&dev, StreamPoolConfig::default());
+    let p = pool(&dev, DriverPoolConfig::default());
     let a = p.alloc(1000, s).unwrap();
     assert_eq!(p.size_of(a), Some(1024), "rounded to 512");
     p.free(a, s).unwrap();
@@ -54,7 +54,7 @@ fn same_stream_steady_state_makes_no_driver_calls() {
 fn cross_stream_reuse_waits_for_the_kernel_on_the_freeing_stream() {
     let dev = sim(1 << 30);
     let (s, t) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
-    let p = pool(&dev, StreamPoolConfig::default());
+    let p = pool(&dev, DriverPoolConfig::default());
     // Both streams in use from the start (no shortcut sync).
     let warm_s = p.alloc(G, s).unwrap();
     let warm_t = p.alloc(G, t).unwrap();
@@ -95,7 +95,7 @@ fn cross_stream_reuse_waits_for_the_kernel_on_the_freeing_stream() {
 fn invalid_frees_and_sizes_are_typed_errors() {
     let dev = sim(1 << 30);
     let s = dev.stream_create().unwrap();
-    let p = pool(&dev, StreamPoolConfig::default());
+    let p = pool(&dev, DriverPoolConfig::default());
     assert_eq!(p.alloc(0, s), Err(StreamError::ZeroSize));
     assert_eq!(p.alloc(u64::MAX, s), Err(StreamError::TooLarge(u64::MAX)));
     let a = p.alloc(G, s).unwrap();
@@ -126,11 +126,11 @@ fn invalid_frees_and_sizes_are_typed_errors() {
             reason: InvalidFreeReason::NotOwned
         })
     );
-    let bad = StreamPool::new(
+    let bad = DriverPool::new(
         dev.clone() as Arc<dyn Device>,
-        StreamPoolConfig {
+        DriverPoolConfig {
             round_to: 3,
-            ..StreamPoolConfig::default()
+            ..DriverPoolConfig::default()
         },
     );
     assert!(matches!(bad, Err(StreamError::Config(_))));
@@ -140,12 +140,12 @@ fn invalid_frees_and_sizes_are_typed_errors() {
 fn over_the_cache_bound_frees_go_to_the_pool_on_the_callers_stream() {
     let dev = sim(1 << 30);
     let s = dev.stream_create().unwrap();
-    let cfg = StreamPoolConfig {
+    let cfg = DriverPoolConfig {
         cache: StreamCacheConfig {
             max_cached_bytes: G,
             ..StreamCacheConfig::default()
         },
-        ..StreamPoolConfig::default()
+        ..DriverPoolConfig::default()
     };
     let p = pool(&dev, cfg);
     let (a, b) = (p.alloc(G, s).unwrap(), p.alloc(G, s).unwrap());
@@ -165,7 +165,7 @@ fn over_the_cache_bound_frees_go_to_the_pool_on_the_callers_stream() {
 fn trim_returns_cached_memory_to_the_driver() {
     let dev = sim(1 << 30);
     let (s, t) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
-    let p = pool(&dev, StreamPoolConfig::default());
+    let p = pool(&dev, DriverPoolConfig::default());
     let blocks: Vec<u64> = (0..8)
         .map(|i| p.alloc(G * (1 + i % 2), s).unwrap())
         .collect();
@@ -185,7 +185,7 @@ fn trim_returns_cached_memory_to_the_driver() {
 fn out_of_memory_drains_trims_and_retries_once() {
     let dev = sim(16 * G);
     let s = dev.stream_create().unwrap();
-    let p = pool(&dev, StreamPoolConfig::default());
+    let p = pool(&dev, DriverPoolConfig::default());
     let small: Vec<u64> = (0..16).map(|_| p.alloc(G, s).unwrap()).collect();
     for b in small {
         p.free(b, s).unwrap();
@@ -209,7 +209,7 @@ fn out_of_memory_drains_trims_and_retries_once() {
 fn injected_oom_is_retried_and_injected_driver_errors_are_not() {
     let dev = sim(1 << 30);
     let s = dev.stream_create().unwrap();
-    let p = pool(&dev, StreamPoolConfig::default());
+    let p = pool(&dev, DriverPoolConfig::default());
     dev.fail_next(CallKind::PoolAlloc); // an OutOfMemory for calls with a size
     let a = p.alloc(G, s).unwrap();
     assert_eq!(p.stats().oom_retries, 1);
@@ -233,7 +233,7 @@ fn injected_oom_is_retried_and_injected_driver_errors_are_not() {
 fn close_reports_leaks_and_drop_never_panics() {
     let dev = sim(1 << 30);
     let s = dev.stream_create().unwrap();
-    let p = pool(&dev, StreamPoolConfig::default());
+    let p = pool(&dev, DriverPoolConfig::default());
     let a = p.alloc(G, s).unwrap();
     let b = p.alloc(G, s).unwrap();
     p.free(b, s).unwrap(); // cached: freed into the pool by close
@@ -242,7 +242,7 @@ fn close_reports_leaks_and_drop_never_panics() {
     assert!(err.to_string().contains("live allocation"), "{err}");
 
     // Drop with only cached blocks: the pool goes away cleanly.
-    let p = pool(&dev, StreamPoolConfig::default());
+    let p = pool(&dev, DriverPoolConfig::default());
     let c = p.alloc(G, s).unwrap();
     p.free(c, s).unwrap();
     let pools = dev.outstanding().pools;
@@ -250,7 +250,7 @@ fn close_reports_leaks_and_drop_never_panics() {
     assert_eq!(dev.outstanding().pools, pools - 1);
 
     // A failing destroy in Drop is logged, not a panic.
-    let p = pool(&dev, StreamPoolConfig::default());
+    let p = pool(&dev, DriverPoolConfig::default());
     dev.fail_next(CallKind::PoolDestroy);
     drop(p);
 }
@@ -259,7 +259,7 @@ fn close_reports_leaks_and_drop_never_panics() {
 fn unsupported_device_is_a_typed_error() {
     let dev = sim(1 << 30);
     dev.fail_next(CallKind::PoolCreate);
-    let r = StreamPool::new(dev.clone() as Arc<dyn Device>, StreamPoolConfig::default());
+    let r = DriverPool::new(dev.clone() as Arc<dyn Device>, DriverPoolConfig::default());
     assert!(matches!(r, Err(StreamError::Device(_))));
 }
 
@@ -268,7 +268,7 @@ fn stress_threads_alloc_and_free_on_their_streams() {
     const THREADS: usize = 4;
     let rounds = if cfg!(miri) { 20 } else { 2_000 };
     let dev = sim(1 << 34);
-    let p = Arc::new(pool(&dev, StreamPoolConfig::default()));
+    let p = Arc::new(pool(&dev, DriverPoolConfig::default()));
     let streams: Vec<u64> = (0..THREADS).map(|_| dev.stream_create().unwrap()).collect();
     let handles: Vec<_> = streams
         .iter()

@@ -51,7 +51,7 @@ struct Chunk {
 
 /// Counts of the pool's state, for tests and diagnostics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PoolStats {
+pub struct ReferenceStats {
     /// Regions (BFC) or roots (buddy) taken from the driver.
     pub regions: u64,
     /// Free chunks / blocks.
@@ -110,8 +110,8 @@ impl Bfc {
     }
 
     /// Counts of the current state.
-    pub fn stats(&self) -> PoolStats {
-        PoolStats {
+    pub fn stats(&self) -> ReferenceStats {
+        ReferenceStats {
             regions: u64::from(self.regions),
             free_chunks: self.free_set.len() as u64,
             free_bytes: self.free_bytes,

@@ -2,13 +2,13 @@
 //!
 //! Every request is rounded up to a power of two (at least [`BUDDY_MIN_BLOCK`] = 512 B). Memory comes
 //! from the "driver" as *roots*: naturally aligned power-of-two blocks of
-//! `max(request's block, BuddyConfig::min_root)` bytes, taken when no free block of the needed order or
+//! `max(request's block, ReferenceBuddyConfig::min_root)` bytes, taken when no free block of the needed order or
 //! larger exists, and never given back. A block is split in halves down to the order needed; a freed
 //! block merges with its buddy while the buddy is free, up to its root.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use crate::bfc::PoolStats;
+use crate::bfc::ReferenceStats;
 use crate::replay::ReplayAllocator;
 use crate::ReplayError;
 
@@ -20,20 +20,20 @@ const BASE: u64 = 0x7f00_0000_0000;
 
 /// Root sizing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BuddyConfig {
+pub struct ReferenceBuddyConfig {
     /// Smallest root taken from the driver (rounded up to a power of two; default 2 MiB).
     pub min_root: u64,
 }
 
-impl Default for BuddyConfig {
+impl Default for ReferenceBuddyConfig {
     fn default() -> Self {
-        BuddyConfig { min_root: 2 << 20 }
+        ReferenceBuddyConfig { min_root: 2 << 20 }
     }
 }
 
 /// The buddy reference allocator. See the module docs.
 #[derive(Debug)]
-pub struct Buddy {
+pub struct ReferenceBuddy {
     root_order: u32,
     free: Vec<BTreeSet<u64>>,
     used: HashMap<u64, u32>,
@@ -44,9 +44,9 @@ pub struct Buddy {
     free_bytes: u64,
 }
 
-impl Default for Buddy {
+impl Default for ReferenceBuddy {
     fn default() -> Self {
-        Buddy::new(BuddyConfig::default())
+        ReferenceBuddy::new(ReferenceBuddyConfig::default())
     }
 }
 
@@ -55,10 +55,10 @@ fn order_of(size: u64) -> u32 {
     (64 - (size - 1).leading_zeros()).max(MIN_ORDER)
 }
 
-impl Buddy {
+impl ReferenceBuddy {
     /// An empty allocator (nothing reserved).
-    pub fn new(cfg: BuddyConfig) -> Self {
-        Buddy {
+    pub fn new(cfg: ReferenceBuddyConfig) -> Self {
+        ReferenceBuddy {
             root_order: order_of(cfg.min_root.clamp(BUDDY_MIN_BLOCK, 1 << 40)),
             free: (0..=MAX_ORDER).map(|_| BTreeSet::new()).collect(),
             used: HashMap::new(),
@@ -71,8 +71,8 @@ impl Buddy {
     }
 
     /// Counts of the current state.
-    pub fn stats(&self) -> PoolStats {
-        PoolStats {
+    pub fn stats(&self) -> ReferenceStats {
+        ReferenceStats {
             regions: self.roots.len() as u64,
             free_chunks: self.free.iter().map(|s| s.len() as u64).sum(),
             free_bytes: self.free_bytes,
@@ -94,7 +94,7 @@ impl Buddy {
     }
 }
 
-impl ReplayAllocator for Buddy {
+impl ReplayAllocator for ReferenceBuddy {
     fn name(&self) -> String {
         "buddy".to_owned()
     }
@@ -166,7 +166,7 @@ mod tests {
 
     #[test]
     fn split_and_merge() {
-        let mut b = Buddy::default();
+        let mut b = ReferenceBuddy::default();
         let a = b.alloc(512, 0, None).unwrap();
         let c = b.alloc(512, 0, None).unwrap();
         assert_eq!(c, a + 512, "buddies are adjacent");

@@ -8,7 +8,7 @@
 //!   CSV format back.
 //! - **Replay** ([`replay`], [`ReplayPlan`], [`ReplayAllocator`]): the seam the genpool engine and the
 //!   reference allocators plug into; produces a serializable [`ReplayReport`] (ratio, ns/op, tiers).
-//! - **Reference allocators** ([`Bfc`], [`Buddy`]): host-only address arithmetic, as baselines.
+//! - **Reference allocators** ([`Bfc`], [`ReferenceBuddy`]): host-only address arithmetic, as baselines.
 //!
 //! This crate does not depend on the engine.
 
@@ -22,8 +22,8 @@ mod snapshot;
 mod trace;
 mod write;
 
-pub use bfc::{Bfc, BfcConfig, PoolStats, BFC_ROUND};
-pub use buddy::{Buddy, BuddyConfig, BUDDY_MIN_BLOCK};
+pub use bfc::{Bfc, BfcConfig, ReferenceStats, BFC_ROUND};
+pub use buddy::{ReferenceBuddy, ReferenceBuddyConfig, BUDDY_MIN_BLOCK};
 pub use error::{ReplayError, TraceError};
 pub use read::{
     load_bytes, load_path, load_reader, read_csv, read_rmm, TraceFormat, CSV_HEADER, RMM_HEADER,

@@ -114,7 +114,11 @@ fn a_snapshot_written_through_genpools_backend_reads_back() {
         .map(|e| e.size)
         .collect();
     assert_eq!(allocs, vec![400, 1_200_000, 12_582_912]);
-    assert_eq!(frees, vec![400], "the freed block, at the size it was allocated with");
+    assert_eq!(
+        frees,
+        vec![400],
+        "the freed block, at the size it was allocated with"
+    );
     assert!(
         t.events
             .iter()

@@ -1,4 +1,4 @@
-//! Property tests of the reference allocators ([`Bfc`], [`Buddy`]).
+//! Property tests of the reference allocators ([`Bfc`], [`ReferenceBuddy`]).
 //!
 //! Invariants, for any sequence of allocs and frees:
 //! 1. every returned address is aligned to [`MIN_ALIGN`];
@@ -31,7 +31,7 @@ fn action() -> impl Strategy<Value = Action> {
 fn check<A: ReplayAllocator>(
     a: &mut A,
     actions: &[Action],
-    stats: impl Fn(&A) -> PoolStats,
+    stats: impl Fn(&A) -> ReferenceStats,
 ) -> Result<(), TestCaseError> {
     let mut live: BTreeMap<u64, u64> = BTreeMap::new();
     let mut live_bytes = 0u64;
@@ -125,8 +125,8 @@ proptest! {
 
     #[test]
     fn buddy_invariants(actions in prop::collection::vec(action(), 0..program_len())) {
-        let mut a = Buddy::default();
-        check(&mut a, &actions, Buddy::stats)?;
+        let mut a = ReferenceBuddy::default();
+        check(&mut a, &actions, ReferenceBuddy::stats)?;
         if a.reserved() > 0 {
             let r = a.reserved();
             a.alloc(2 << 20, 0, None).unwrap();

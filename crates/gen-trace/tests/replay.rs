@@ -110,7 +110,7 @@ fn replay_protocol_and_figures() {
     sorted.sort_by(f64::total_cmp);
     assert_eq!(r.ns_per_op, Some(sorted[1]), "median of passes 2..N");
 
-    let mut s = spy(Buddy::default());
+    let mut s = spy(ReferenceBuddy::default());
     let opts = ReplayOptions {
         passes: 1,
         ignore_site: true,
@@ -125,7 +125,7 @@ fn replay_protocol_and_figures() {
     for e in &mut unknown.events {
         e.site = 0;
     }
-    let mut s = spy(Buddy::default());
+    let mut s = spy(ReferenceBuddy::default());
     replay(&unknown, &mut s, &ReplayOptions::default()).unwrap();
     assert!(s.sites.iter().all(|&x| x.is_none()));
 
@@ -145,7 +145,12 @@ fn replay_protocol_and_figures() {
 #[test]
 fn report_json_keys() {
     let t = trace(&[(A, 0x1000, 512)]);
-    let r = replay(&t, &mut Buddy::default(), &ReplayOptions::default()).unwrap();
+    let r = replay(
+        &t,
+        &mut ReferenceBuddy::default(),
+        &ReplayOptions::default(),
+    )
+    .unwrap();
     let v: serde_json::Value = serde_json::to_value(&r).unwrap();
     for k in [
         "trace",

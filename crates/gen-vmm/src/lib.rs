@@ -65,10 +65,14 @@ use gen_device::{Device, DeviceError, DevicePtr, EventHandle, PhysHandle, Stream
 mod freeset;
 mod sleep;
 mod tally;
+#[cfg(feature = "testing")]
+pub mod testing;
+mod tier;
 use freeset::FreeSet;
 use parking_lot::Mutex;
 pub use sleep::{Slept, Woken};
 pub use tally::PageTally;
+pub use tier::{check_tiling, TierError};
 
 /// Errors of the page layer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

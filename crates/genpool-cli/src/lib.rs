@@ -17,8 +17,8 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use gen_trace::{
-    load_bytes, load_path, replay_plan, Bfc, Buddy, ReplayAllocator, ReplayError, ReplayOptions,
-    ReplayPlan, ReplayReport, Trace, TraceError,
+    load_bytes, load_path, replay_plan, Bfc, ReferenceBuddy, ReplayAllocator, ReplayError,
+    ReplayOptions, ReplayPlan, ReplayReport, Trace, TraceError,
 };
 
 /// The trace replayed when none is given: ResNet-50 training, 25,814 events (see `data/`).
@@ -173,7 +173,7 @@ pub fn make_allocator(
         }
         // The reference allocators are host-only address arithmetic: the device does not matter to them.
         "bfc" => Ok(Box::new(Bfc::default())),
-        "buddy" => Ok(Box::new(Buddy::default())),
+        "buddy" => Ok(Box::new(ReferenceBuddy::default())),
         _ => Err(CliError::UnknownAllocator {
             name: name.to_owned(),
         }),
@@ -323,21 +323,7 @@ fn thousands(n: u64) -> String {
     out
 }
 
-/// Bytes in binary units with two decimals.
-fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.2} {}", UNITS[u])
-    }
-}
+use gen_analyze::units::human as bytes;
 
 /// `total / passes`, a whole number when it divides, else with one decimal.
 fn per_pass(total: u64, passes: u32) -> String {

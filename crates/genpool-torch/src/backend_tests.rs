@@ -302,7 +302,10 @@ fn tagged_allocations_through_the_backend_sleep_and_wake() {
     assert_eq!(unsafe { crate::genpool_tag_set(null()) }, 0);
     assert_eq!(stats(d).allocated_bytes[0].current, (6 * MIB) as i64);
     let awake = stats(d).reserved_bytes[0].current;
-    assert!(awake >= (6 * MIB) as i64, "the tag's pages count as reserved: {awake}");
+    assert!(
+        awake >= (6 * MIB) as i64,
+        "the tag's pages count as reserved: {awake}"
+    );
     // SAFETY: a NUL-terminated list of tags.
     assert_eq!(unsafe { crate::genpool_sleep(tag.as_ptr(), 0) }, 0);
     let asleep = stats(d);
@@ -311,7 +314,11 @@ fn tagged_allocations_through_the_backend_sleep_and_wake() {
         "asleep, its pages are given back: {} of {awake}",
         asleep.reserved_bytes[0].current
     );
-    assert_eq!(asleep.allocated_bytes[0].current, (6 * MIB) as i64, "allocated stays");
+    assert_eq!(
+        asleep.allocated_bytes[0].current,
+        (6 * MIB) as i64,
+        "allocated stays"
+    );
     // SAFETY: as above.
     assert_eq!(unsafe { crate::genpool_tag_set(tag.as_ptr()) }, 0);
     assert_eq!(

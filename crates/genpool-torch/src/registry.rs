@@ -9,9 +9,9 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 
-use gen_device::{Device, EventHandle, StreamId};
+use gen_device::{Device, DeviceKind, StreamId};
+use genpool::devices::{AddressBounds, EventSpares};
 use genpool::{Config, Hint, Pool};
-use parking_lot::Mutex;
 
 use crate::error::PluginError;
 use crate::report;
@@ -19,51 +19,29 @@ use crate::report;
 /// The most device indices the plug-in serves (slots are static).
 pub const MAX_DEVICES: usize = 64;
 
-/// Which `Device` implementation backs the pools (`GENPOOL_DEVICE`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Backend {
-    /// The simulated host device (tests, smoke runs without a GPU).
-    Sim,
-    /// The CUDA driver (the default for the plug-in).
-    Cuda,
-    /// CUDA if a driver and device are present, else the simulator.
-    Auto,
-}
-
-impl Backend {
-    pub(crate) fn parse(s: &str) -> Result<Backend, PluginError> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "sim" => Ok(Backend::Sim),
-            "cuda" | "" => Ok(Backend::Cuda),
-            "auto" => Ok(Backend::Auto),
-            _ => Err(PluginError::BadDeviceKind(s.to_string())),
-        }
+/// Which `Device` implementation backs the pools (`GENPOOL_DEVICE`: `sim`, `cuda` or `auto`; unset or
+/// empty: `cuda`, the plug-in's default — a plug-in loaded into PyTorch without a GPU should fail, not
+/// quietly simulate).
+pub(crate) fn parse_device_kind(s: &str) -> Result<DeviceKind, PluginError> {
+    if s.trim().is_empty() {
+        return Ok(DeviceKind::Cuda);
     }
-
-    fn kind(self) -> gen_device::DeviceKind {
-        match self {
-            Backend::Sim => gen_device::DeviceKind::Sim,
-            Backend::Cuda => gen_device::DeviceKind::Cuda,
-            Backend::Auto => gen_device::DeviceKind::Auto,
-        }
-    }
+    s.parse()
+        .map_err(|_| PluginError::BadDeviceKind(s.to_string()))
 }
 
 /// One device's engine plus the plug-in's per-device state.
 pub(crate) struct DeviceState {
     index: usize,
     pub(crate) pool: Pool,
-    /// Spare events for ordering frees after recorded streams (an event can be re-recorded as soon as a
-    /// `stream_wait_event` on it was issued: the wait captures the record made before it).
-    events: Mutex<Vec<EventHandle>>,
+    /// Spare events for ordering frees after recorded streams.
+    events: EventSpares,
     /// `stream_wait_event`s issued for frees of blocks with recorded streams.
     pub(crate) stream_waits: AtomicU64,
     /// Frees ordered by a whole-device synchronize because an event call failed.
     pub(crate) sync_fallbacks: AtomicU64,
-    /// Lowest address this device ever handed out (`u64::MAX` before the first).
-    lo: AtomicU64,
-    /// One past the highest byte this device ever handed out (0 before the first).
-    hi: AtomicU64,
+    /// The addresses this device ever handed out (frees are routed by address).
+    bounds: AddressBounds,
 }
 
 struct Slot {
@@ -81,7 +59,7 @@ static SLOTS: [Slot; MAX_DEVICES] = [EMPTY_SLOT; MAX_DEVICES];
 /// Device count reported by PyTorch through `genpool_init` (`usize::MAX` = not told: [`MAX_DEVICES`]
 /// bounds the indices).
 static DEVICE_COUNT: AtomicUsize = AtomicUsize::new(usize::MAX);
-static BACKEND: OnceLock<Result<Backend, PluginError>> = OnceLock::new();
+static BACKEND: OnceLock<Result<DeviceKind, PluginError>> = OnceLock::new();
 
 /// Record the device count PyTorch reported; indices at or past it are refused from now on.
 pub(crate) fn set_device_count(count: usize) {
@@ -101,11 +79,11 @@ pub(crate) fn check_index(index: i64) -> Result<usize, PluginError> {
     Ok(index as usize)
 }
 
-fn backend() -> Result<Backend, PluginError> {
+fn backend() -> Result<DeviceKind, PluginError> {
     BACKEND
         .get_or_init(|| match std::env::var("GENPOOL_DEVICE") {
-            Ok(v) => Backend::parse(&v),
-            Err(_) => Ok(Backend::Cuda),
+            Ok(v) => parse_device_kind(&v),
+            Err(_) => Ok(DeviceKind::Cuda),
         })
         .clone()
 }
@@ -139,39 +117,14 @@ fn open(index: usize) -> Result<DeviceState, PluginError> {
         let backend = backend()?;
         let cfg = Config::from_env()?;
         let device =
-            open_device(backend, index).map_err(|source| PluginError::Open { index, source })?;
+            genpool::devices::open_device(backend, index, gen_device::sim::DEFAULT_CAPACITY)
+                .map_err(|source| PluginError::Open { index, source })?;
         build(index, device, cfg)
     })();
     if let Err(e) = &res {
         log::error!("genpool: device {index} unavailable: {e}");
     }
     res
-}
-
-/// A simulated device of ordinal `index` whose addresses never meet another index's (as GPUs under
-/// unified virtual addressing), so a free can be routed by address.
-fn sim_device(index: usize) -> Result<Arc<dyn Device>, gen_device::DeviceError> {
-    let offset = index as u64 * gen_device::sim::ORDINAL_STRIDE;
-    Ok(Arc::new(
-        gen_device::sim::SimConfig::new()
-            .ordinal(index)
-            .address_offset(offset)
-            .build()?,
-    ))
-}
-
-fn open_device(backend: Backend, index: usize) -> Result<Arc<dyn Device>, gen_device::DeviceError> {
-    match backend {
-        Backend::Sim => sim_device(index),
-        Backend::Cuda => gen_device::open(backend.kind(), index),
-        Backend::Auto => match gen_device::open(gen_device::DeviceKind::Cuda, index) {
-            Err(gen_device::DeviceError::NoDriver(why)) => {
-                log::info!("genpool: no CUDA ({why}); using the simulated device");
-                sim_device(index)
-            }
-            other => other,
-        },
-    }
 }
 
 /// The created device whose address range holds `addr`, other than `not` (a free PyTorch issued with
@@ -191,11 +144,10 @@ fn build(index: usize, device: Arc<dyn Device>, cfg: Config) -> Result<DeviceSta
     Ok(DeviceState {
         index,
         pool,
-        events: Mutex::new(Vec::new()),
+        events: EventSpares::new(),
         stream_waits: AtomicU64::new(0),
         sync_fallbacks: AtomicU64::new(0),
-        lo: AtomicU64::new(u64::MAX),
-        hi: AtomicU64::new(0),
+        bounds: AddressBounds::new(),
     })
 }
 
@@ -255,14 +207,7 @@ impl DeviceState {
     /// Note that the default pool handed out `[ptr, ptr + size)` (the address bounds frees route by).
     #[inline]
     pub(crate) fn note_range(&self, ptr: u64, size: u64) {
-        // Relaxed: a free of this block on another thread got the pointer after this call, through
-        // some synchronization, and coherence makes it see these stores.
-        if ptr < self.lo.load(Relaxed) {
-            self.lo.fetch_min(ptr, Relaxed);
-        }
-        if ptr + size > self.hi.load(Relaxed) {
-            self.hi.fetch_max(ptr + size, Relaxed);
-        }
+        self.bounds.note(ptr, size);
     }
 
     /// Allocate through the engine, within the memory-fraction cap.
@@ -277,7 +222,7 @@ impl DeviceState {
     /// Whether `addr` lies in the range of addresses this device ever handed out.
     #[inline]
     pub(crate) fn contains(&self, addr: u64) -> bool {
-        self.lo.load(Relaxed) <= addr && addr < self.hi.load(Relaxed)
+        self.bounds.contains(addr)
     }
 
     /// Make `stream` wait for the work queued so far on each of `others`, so that a block freed on
@@ -292,7 +237,7 @@ impl DeviceState {
     ) -> Result<(), PluginError> {
         let dev = self.pool.device();
         for &other in others.iter().filter(|&&s| s != stream) {
-            if let Err(e) = self.wait_one(dev.as_ref(), other, stream) {
+            if let Err(e) = self.events.order_after(dev.as_ref(), other, stream) {
                 log::warn!(
                     "genpool: event ordering for {ptr:#x} failed ({e}); synchronizing the device"
                 );
@@ -305,24 +250,6 @@ impl DeviceState {
         }
         Ok(())
     }
-
-    fn wait_one(
-        &self,
-        dev: &dyn Device,
-        other: StreamId,
-        stream: StreamId,
-    ) -> Result<(), gen_device::DeviceError> {
-        let spare = self.events.lock().pop();
-        let event = match spare {
-            Some(e) => e,
-            None => dev.event_create()?,
-        };
-        let res = dev
-            .event_record(event, other)
-            .and_then(|()| dev.stream_wait_event(stream, event));
-        self.events.lock().push(event);
-        res
-    }
 }
 
 /// Test hooks: choose the simulator and install pools on chosen devices.
@@ -332,8 +259,8 @@ pub(crate) mod testing {
 
     /// Make every lazily created device a simulated one (first caller wins; all tests agree).
     pub(crate) fn use_sim() {
-        let _ = BACKEND.set(Ok(Backend::Sim));
-        assert_eq!(backend(), Ok(Backend::Sim));
+        let _ = BACKEND.set(Ok(DeviceKind::Sim));
+        assert_eq!(backend(), Ok(DeviceKind::Sim));
     }
 
     /// Install a pool over `device` in slot `index`, which no other test may use.

@@ -546,12 +546,18 @@ fn reset_and_trim_release_cached_memory() {
 
 #[test]
 fn device_backend_names_parse() {
-    use crate::registry::Backend;
-    assert_eq!(Backend::parse("sim"), Ok(Backend::Sim));
-    assert_eq!(Backend::parse(" CUDA "), Ok(Backend::Cuda));
-    assert_eq!(Backend::parse("auto"), Ok(Backend::Auto));
+    use crate::registry::parse_device_kind;
+    use gen_device::DeviceKind;
+    assert_eq!(parse_device_kind("sim"), Ok(DeviceKind::Sim));
+    assert_eq!(parse_device_kind(" CUDA "), Ok(DeviceKind::Cuda));
+    assert_eq!(parse_device_kind("auto"), Ok(DeviceKind::Auto));
+    assert_eq!(
+        parse_device_kind(""),
+        Ok(DeviceKind::Cuda),
+        "the plug-in's default"
+    );
     assert!(matches!(
-        Backend::parse("tpu"),
+        parse_device_kind("tpu"),
         Err(PluginError::BadDeviceKind(_))
     ));
 }

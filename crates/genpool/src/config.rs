@@ -2,6 +2,9 @@
 
 use std::str::FromStr;
 
+use gen_classifier::ClassifierConfig;
+use gen_plan::PlanConfig;
+
 /// Where mid-lived allocations go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub enum MidTier {
@@ -30,11 +33,20 @@ pub enum Routing {
     Single,
 }
 
+fn experimental_hint(key: &str) -> String {
+    let full = format!("{EXPERIMENTAL}{key}");
+    if valid_keys().any(|k| k == full) {
+        format!(" (an experimental mode now: `{full}`)")
+    } else {
+        String::new()
+    }
+}
+
 /// A bad configuration key or value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
     /// A key the engine does not know.
-    #[error("unknown configuration key '{key}' (valid keys: {})", VALID_KEYS.join(", "))]
+    #[error("unknown configuration key '{key}'{} (valid keys: {})", experimental_hint(key), valid_keys().collect::<Vec<_>>().join(", "))]
     UnknownKey {
         /// The key given.
         key: String,
@@ -54,32 +66,82 @@ pub enum ConfigError {
     Malformed(String),
 }
 
-/// Every key [`Config::parse`] accepts.
-pub const VALID_KEYS: &[&str] = &[
-    "slab_max_size",
-    "mid_tier",
-    "routing",
-    "limit",
-    "eager_unmap",
-    "cache_max_bytes",
-    "pool_release_threshold",
-    "use_site",
-    "short_horizon",
-    "mid_horizon",
-    "page_slack",
-    "page_slack_max",
-    "page_keep_old_mappings",
-    "move_budget",
-    "long_tier",
-    "placement_candidates",
-    "extent_generations",
-    "stream_arenas",
-    "plan",
-    "plan_max_period",
-    "plan_min_moves",
-    "plan_pin",
-    "plan_background",
+/// The prefix of the keys of experimental modes: modes kept for measurements and tests whose numbers
+/// did not make them the default (docs/BENCHMARKS.md has the numbers). They may change or go.
+pub const EXPERIMENTAL: &str = "experimental.";
+
+/// One configuration key, as documented in docs/CONFIG.md (generated from this table and checked by a
+/// test: [`table`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Key {
+    /// The key, [`EXPERIMENTAL`] prefix included.
+    pub name: &'static str,
+    /// What its values are: a unit, or the choices.
+    pub unit: &'static str,
+    /// Its default, as a value [`Config::parse`] accepts (a test checks it parses to `Config::default()`).
+    pub default: &'static str,
+    /// What it does.
+    pub doc: &'static str,
+}
+
+const fn key(
+    name: &'static str,
+    unit: &'static str,
+    default: &'static str,
+    doc: &'static str,
+) -> Key {
+    Key {
+        name,
+        unit,
+        default,
+        doc,
+    }
+}
+
+/// Every key [`Config::parse`] accepts: first the ones a user tunes, then the experimental modes.
+pub const KEYS: &[Key] = &[
+    key("limit", "bytes (K, M, G suffixes)", "0", "Cap on the physical memory the engine's pages may hold; 0 = the device's memory."),
+    key("slab_max_size", "bytes, 512 B to 64 MiB", "4K", "Largest block the slab serves; larger short-lived blocks go to the extent arena."),
+    key("page_slack", "fraction of the in-use page peak", "0", "Headroom within which a new page is created rather than one moved from another address."),
+    key("page_slack_max", "fraction", "0.08", "With iteration marks (`step()`): the most the headroom may grow to keep page moves within `move_budget`; 0 = never grow."),
+    key("move_budget", "fraction of an iteration's wall time", "0.005", "With iteration marks: page moves beyond this share of an iteration grow the headroom."),
+    key("use_site", "true/false", "true", "Let the classifier use call-site tags when the caller provides them."),
+    key("plan", "true/false", "true", "Periodic plans: detect a repeating iteration, pack it once, serve it in place where the tiers' layout moves pages."),
+    key("plan_background", "true/false", "true", "Pack a recorded period on a helper thread; false: on the allocating thread, results depend only on the allocation sequence (reproducible replays)."),
+    key("eager_unmap", "true/false", "false", "Unmap pages as soon as they are unused (debugging use-after-free; slower)."),
+    key("experimental.mid_tier", "stream or extent", "extent", "Where mid-lived blocks go: the extent arena, or the driver's stream-ordered pool."),
+    key("experimental.long_tier", "buddy or extent", "extent", "Where long-lived blocks go: the extent arena, or the exact-fit buddy."),
+    key("experimental.routing", "generational or single", "generational", "single: everything but slab-sized blocks to the extent arena, no lifetime split (a baseline)."),
+    key("experimental.cache_max_bytes", "bytes", "0", "Exact-size stream-ordered front caches for extent and buddy blocks, up to this many bytes; 0 = none (one stream frees straight back)."),
+    key("experimental.pool_release_threshold", "bytes or max", "max", "Release threshold of the driver pool (`experimental.mid_tier:stream`)."),
+    key("experimental.short_horizon", "allocations", "64", "Classifier: allocations after which a live block is no longer short-lived."),
+    key("experimental.mid_horizon", "allocations", "65536", "Classifier: allocations after which a live block is no longer mid-lived."),
+    key("experimental.page_keep_old_mappings", "true/false", "true", "Leave a moved page's old mapping in place so the move can be undone with no driver call."),
+    key("experimental.placement_candidates", "count, 0 to 64", "1", "Extent arena: how many best-fitting free extents to compare for the fewest new pages (0 or 1 = plain best fit)."),
+    key("experimental.extent_generations", "true/false", "false", "One extent arena per predicted generation for the first stream."),
+    key("experimental.stream_arenas", "true/false", "true", "Several streams: an extent arena for each stream after the first (up to four); false: every free through the stream caches."),
+    key("experimental.plan_pin", "true/false", "true", "Plans map each page of their range once and keep it while served; false: planned blocks commit their own pages."),
+    key("experimental.plan_max_period", "large allocations, 16 to 1048576", "8192", "Longest period the planner looks for."),
+    key("experimental.plan_min_moves", "fraction of the plan's footprint", "0.005", "Serve a ready plan only after two periods each moved this much in pages; 0 = as soon as ready."),
 ];
+
+/// The configuration table of docs/CONFIG.md, rendered from [`KEYS`].
+pub fn table() -> String {
+    let mut t =
+        String::from("| key | unit / values | default | what it does |\n|---|---|---|---|\n");
+    for k in KEYS {
+        t.push_str(&format!(
+            "| `{}` | {} | `{}` | {} |\n",
+            k.name, k.unit, k.default, k.doc
+        ));
+    }
+    t
+}
+
+/// Every key [`Config::parse`] accepts (the names of [`KEYS`]).
+pub fn valid_keys() -> impl Iterator<Item = &'static str> {
+    KEYS.iter().map(|k| k.name)
+}
 
 /// Engine configuration. `Config::default()` is the tuned default; see docs/ARCHITECTURE.md.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -91,7 +153,7 @@ pub struct Config {
     /// Where mid-lived blocks go.
     pub mid_tier: MidTier,
     /// Where long-lived blocks go (default: the extent arena, which packed long-lived blocks tighter than
-    /// the buddy on the shared traces — docs/BENCHMARKS.md; `long_tier:buddy` selects gen-buddy).
+    /// the buddy on the shared traces — docs/BENCHMARKS.md; `experimental.long_tier:buddy` selects gen-buddy).
     pub long_tier: LongTier,
     /// Routing policy.
     pub routing: Routing,
@@ -108,9 +170,9 @@ pub struct Config {
     pub pool_release_threshold: u64,
     /// Let the classifier use call-site tags when the caller provides them.
     pub use_site: bool,
-    /// Classifier: allocations after which a live block is no longer short-lived (0 = classifier default).
+    /// Classifier: allocations after which a live block is no longer short-lived (default: the classifier's).
     pub short_horizon: u64,
-    /// Classifier: allocations after which a live block is no longer mid-lived (0 = classifier default).
+    /// Classifier: allocations after which a live block is no longer mid-lived (default: the classifier's).
     pub mid_horizon: u64,
     /// Page headroom over the peak of pages in use within which a new page is created rather than one
     /// moved from another address (see `gen_vmm::PagePoolConfig::slack`).
@@ -170,7 +232,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            slab_max_size: 4 << 10,
+            slab_max_size: gen_slab::SlabConfig::default().max_size,
             mid_tier: MidTier::Extent,
             long_tier: LongTier::Extent,
             routing: Routing::Generational,
@@ -179,8 +241,8 @@ impl Default for Config {
             cache_max_bytes: 0,
             pool_release_threshold: u64::MAX,
             use_site: true,
-            short_horizon: 0,
-            mid_horizon: 0,
+            short_horizon: ClassifierConfig::default().short_horizon().allocs,
+            mid_horizon: ClassifierConfig::default().mid_horizon().allocs,
             page_slack: 0.0,
             page_slack_max: 0.08,
             page_keep_old_mappings: true,
@@ -189,10 +251,10 @@ impl Default for Config {
             extent_generations: false,
             stream_arenas: true,
             plan: true,
-            plan_max_period: 8192,
+            plan_max_period: PlanConfig::default().max_period,
             plan_min_moves: 0.005,
             plan_pin: true,
-            plan_background: true,
+            plan_background: PlanConfig::default().background,
         }
     }
 }
@@ -265,7 +327,13 @@ impl Config {
             value: value.to_string(),
             reason,
         };
-        match key {
+        let name = match key.strip_prefix(EXPERIMENTAL) {
+            Some(k) if valid_keys().any(|v| v == key) => k,
+            Some(_) => "",
+            None if valid_keys().any(|v| v == key) => key,
+            None => "",
+        };
+        match name {
             "slab_max_size" => {
                 let v = parse_bytes(value).map_err(bad)?;
                 if !(512..=(64 << 20)).contains(&v) {
@@ -304,7 +372,11 @@ impl Config {
             }
             "cache_max_bytes" => self.cache_max_bytes = parse_bytes(value).map_err(bad)?,
             "pool_release_threshold" => {
-                self.pool_release_threshold = parse_bytes(value).map_err(bad)?
+                self.pool_release_threshold = if value == "max" {
+                    u64::MAX
+                } else {
+                    parse_bytes(value).map_err(bad)?
+                }
             }
             "use_site" => self.use_site = parse_bool(value).map_err(bad)?,
             "short_horizon" => {
@@ -367,8 +439,10 @@ mod tests {
 
     #[test]
     fn parses_keys_and_units() {
-        let c = Config::parse("slab_max_size:256KiB, mid_tier:stream,limit:8G,eager_unmap:true")
-            .unwrap();
+        let c = Config::parse(
+            "slab_max_size:256KiB, experimental.mid_tier:stream,limit:8G,eager_unmap:true",
+        )
+        .unwrap();
         assert_eq!(c.slab_max_size, 256 << 10);
         assert_eq!(c.mid_tier, MidTier::Stream);
         assert_eq!(c.limit, Some(8 << 30));
@@ -381,9 +455,14 @@ mod tests {
         let e = Config::parse("slab_max:1").unwrap_err();
         assert!(matches!(e, ConfigError::UnknownKey { ref key } if key == "slab_max"));
         let msg = e.to_string();
-        for k in VALID_KEYS {
+        for k in valid_keys() {
             assert!(msg.contains(k), "{msg} should list {k}");
         }
+        let e = Config::parse("mid_tier:stream").unwrap_err();
+        assert!(
+            e.to_string().contains("experimental.mid_tier"),
+            "a key moved under the experimental prefix names its new name: {e}"
+        );
     }
 
     #[test]
@@ -391,10 +470,10 @@ mod tests {
         for s in [
             "slab_max_size:12x",
             "slab_max_size:1",
-            "mid_tier:gpu",
+            "experimental.mid_tier:gpu",
             "eager_unmap:maybe",
             "limit:-1",
-            "short_horizon:ten",
+            "experimental.short_horizon:ten",
             "limit:99999999999999999999",
         ] {
             assert!(
@@ -406,6 +485,35 @@ mod tests {
             Config::parse("novalue"),
             Err(ConfigError::Malformed(_))
         ));
+    }
+
+    /// Each key's documented default is the default: setting every key to it changes nothing, and
+    /// setting it to anything else the table allows would (checked for the experimental prefix too).
+    #[test]
+    fn documented_defaults_are_the_defaults() {
+        for k in KEYS {
+            let c = Config::parse(&format!("{}:{}", k.name, k.default))
+                .unwrap_or_else(|e| panic!("{}: {e}", k.name));
+            assert_eq!(c, Config::default(), "{} default {}", k.name, k.default);
+        }
+        assert_eq!(KEYS.len(), 23);
+        assert!(matches!(
+            Config::parse("experimental.limit:1G"),
+            Err(ConfigError::UnknownKey { .. })
+        ));
+    }
+
+    /// docs/CONFIG.md holds the table rendered from `KEYS`.
+    #[test]
+    fn the_config_doc_is_the_table() {
+        let doc =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/CONFIG.md"))
+                .expect("docs/CONFIG.md");
+        assert!(
+            doc.contains(&table()),
+            "docs/CONFIG.md is out of date; paste in:\n{}",
+            table()
+        );
     }
 
     #[test]

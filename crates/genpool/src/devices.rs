@@ -41,21 +41,16 @@ type UseShard = Mutex<HashMap<u64, Vec<(usize, StreamId)>>>;
 /// One device index: its pool (or why it could not be made) and the address range of its blocks.
 struct Slot {
     pool: OnceLock<Result<Pool>>,
-    /// Lowest address ever handed out (`u64::MAX` before the first).
-    lo: AtomicU64,
-    /// One past the highest byte ever handed out (0 before the first).
-    hi: AtomicU64,
-    /// Spare events of this device (re-recorded freely once a wait on them is issued or they completed).
-    events: Mutex<Vec<EventHandle>>,
+    bounds: AddressBounds,
+    events: EventSpares,
 }
 
 impl Slot {
     fn new() -> Self {
         Slot {
             pool: OnceLock::new(),
-            lo: AtomicU64::new(u64::MAX),
-            hi: AtomicU64::new(0),
-            events: Mutex::new(Vec::new()),
+            bounds: AddressBounds::new(),
+            events: EventSpares::new(),
         }
     }
 
@@ -63,11 +58,56 @@ impl Slot {
         self.pool.get().and_then(|r| r.as_ref().ok())
     }
 
+    #[inline]
+    fn note(&self, ptr: u64, size: u64) {
+        self.bounds.note(ptr, size);
+    }
+
+    #[inline]
+    fn contains(&self, ptr: u64) -> bool {
+        self.bounds.contains(ptr)
+    }
+
+    fn take_event(&self, dev: &dyn Device) -> std::result::Result<EventHandle, DeviceError> {
+        self.events.take(dev)
+    }
+
+    fn give_event(&self, event: EventHandle) {
+        self.events.give(event);
+    }
+}
+
+/// The range `[lo, hi)` of the addresses a device ever handed out: a free is routed to the device whose
+/// range holds its pointer (`#devices` pairs of relaxed loads). Used by [`Pools`] and by the PyTorch
+/// plug-in's registry.
+#[derive(Debug)]
+pub struct AddressBounds {
+    /// Lowest address ever handed out (`u64::MAX` before the first).
+    lo: AtomicU64,
+    /// One past the highest byte ever handed out (0 before the first).
+    hi: AtomicU64,
+}
+
+impl Default for AddressBounds {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl AddressBounds {
+    /// No address yet.
+    pub const fn new() -> Self {
+        AddressBounds {
+            lo: AtomicU64::new(u64::MAX),
+            hi: AtomicU64::new(0),
+        }
+    }
+
     /// Widen the range to hold `[ptr, ptr + size)`. Relaxed is enough: a free of `ptr` on another thread
     /// got the pointer through some synchronization after this call, and coherence makes it see these
     /// stores (or later, wider ones).
     #[inline]
-    fn note(&self, ptr: u64, size: u64) {
+    pub fn note(&self, ptr: u64, size: u64) {
         if ptr < self.lo.load(Relaxed) {
             self.lo.fetch_min(ptr, Relaxed);
         }
@@ -77,21 +117,66 @@ impl Slot {
         }
     }
 
+    /// Whether `ptr` lies in the range.
     #[inline]
-    fn contains(&self, ptr: u64) -> bool {
+    pub fn contains(&self, ptr: u64) -> bool {
         self.lo.load(Relaxed) <= ptr && ptr < self.hi.load(Relaxed)
     }
+}
 
-    fn take_event(&self, dev: &dyn Device) -> std::result::Result<EventHandle, DeviceError> {
-        let spare = self.events.lock().pop();
+/// Spare events of one device, for ordering a free after work on other streams (an event can be
+/// re-recorded as soon as a `stream_wait_event` on it was issued: the wait captures the record made
+/// before it). Used by [`Pools`] and by the PyTorch plug-in's `record_stream` ordering.
+#[derive(Debug, Default)]
+pub struct EventSpares {
+    spare: Mutex<Vec<EventHandle>>,
+}
+
+impl EventSpares {
+    /// None yet.
+    pub const fn new() -> Self {
+        EventSpares {
+            spare: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A spare event, or a new one of `dev`.
+    pub fn take(&self, dev: &dyn Device) -> std::result::Result<EventHandle, DeviceError> {
+        let spare = self.spare.lock().pop();
         match spare {
             Some(e) => Ok(e),
             None => dev.event_create(),
         }
     }
 
-    fn give_event(&self, event: EventHandle) {
-        self.events.lock().push(event);
+    /// Destroy every spare event (the owner is going away).
+    pub fn destroy_all(&self, dev: &dyn Device) {
+        for ev in self.spare.lock().drain(..) {
+            if let Err(e) = dev.event_destroy(ev) {
+                log::error!("genpool: destroying an event at drop: {e}");
+            }
+        }
+    }
+
+    /// Give `event` back for reuse.
+    pub fn give(&self, event: EventHandle) {
+        self.spare.lock().push(event);
+    }
+
+    /// Make `stream` of `dev` wait for the work queued so far on its stream `other`: a block freed on
+    /// `stream` and used on `other` is then not reused before that work is done.
+    pub fn order_after(
+        &self,
+        dev: &dyn Device,
+        other: StreamId,
+        stream: StreamId,
+    ) -> std::result::Result<(), DeviceError> {
+        let ev = self.take(dev)?;
+        let res = dev
+            .event_record(ev, other)
+            .and_then(|()| dev.stream_wait_event(stream, ev));
+        self.give(ev);
+        res
     }
 }
 
@@ -164,6 +249,27 @@ fn use_shard(ptr: u64) -> usize {
 }
 
 /// A simulated device of ordinal `i` whose addresses never meet another ordinal's.
+/// Device `index` of `kind`: CUDA through [`gen_device::open`]; simulated (also `Auto`'s fallback
+/// without a driver) with `sim_capacity` bytes and an address range of its own
+/// ([`gen_device::sim::ORDINAL_STRIDE`] apart), so frees can be routed by address.
+pub fn open_device(
+    kind: DeviceKind,
+    index: usize,
+    sim_capacity: u64,
+) -> std::result::Result<Arc<dyn Device>, DeviceError> {
+    match kind {
+        DeviceKind::Sim => sim_device(index, sim_capacity),
+        DeviceKind::Cuda => gen_device::open(DeviceKind::Cuda, index),
+        DeviceKind::Auto => match gen_device::open(DeviceKind::Cuda, index) {
+            Err(DeviceError::NoDriver(why)) => {
+                log::info!("genpool: no CUDA ({why}); using the simulated device");
+                sim_device(index, sim_capacity)
+            }
+            other => other,
+        },
+    }
+}
+
 fn sim_device(i: usize, capacity: u64) -> std::result::Result<Arc<dyn Device>, DeviceError> {
     let off = (i as u64)
         .checked_mul(gen_device::sim::ORDINAL_STRIDE)
@@ -214,14 +320,7 @@ impl Pools {
     /// fallback without a driver) with the default capacity and disjoint address ranges.
     pub fn open(kind: DeviceKind, count: usize, cfg: Config) -> Self {
         let capacity = gen_device::sim::DEFAULT_CAPACITY;
-        Pools::new(count, cfg, move |i| match kind {
-            DeviceKind::Sim => sim_device(i, capacity),
-            DeviceKind::Cuda => gen_device::open(DeviceKind::Cuda, i),
-            DeviceKind::Auto => match gen_device::open(DeviceKind::Cuda, i) {
-                Err(DeviceError::NoDriver(_)) => sim_device(i, capacity),
-                other => other,
-            },
-        })
+        Pools::new(count, cfg, move |i| open_device(kind, i, capacity))
     }
 
     /// Number of device indices.
@@ -466,13 +565,7 @@ impl Pools {
         other: StreamId,
         stream: StreamId,
     ) -> Result<()> {
-        let slot = &self.slots[owner];
-        let ev = slot.take_event(dev)?;
-        let res = dev
-            .event_record(ev, other)
-            .and_then(|()| dev.stream_wait_event(stream, ev));
-        slot.give_event(ev);
-        res?;
+        self.slots[owner].events.order_after(dev, other, stream)?;
         self.stream_waits.fetch_add(1, Relaxed);
         Ok(())
     }
@@ -585,11 +678,7 @@ impl Drop for Pools {
         }
         for s in self.slots.iter() {
             if let Some(p) = s.created() {
-                for ev in s.events.lock().drain(..) {
-                    if let Err(e) = p.device().event_destroy(ev) {
-                        log::error!("genpool: destroying an event at drop: {e}");
-                    }
-                }
+                s.events.destroy_all(p.device().as_ref());
             }
         }
     }

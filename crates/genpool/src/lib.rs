@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | short | ≤ `slab_max_size` | [`gen_slab`]: size classes over 2 MiB chunks, lock-free free lists |
 //! | short (and mid, by default) | larger | [`gen_extent`]: best-fit coalescing over page-mapped VA |
-//! | mid (`mid_tier:stream`) | any | [`gen_stream`]: a private stream-ordered driver pool |
+//! | mid (`experimental.mid_tier:stream`) | any | [`gen_stream`]: a private stream-ordered driver pool |
 //! | long | any | [`gen_buddy`]: exact-fit buddy over page-mapped VA |
 //!
 //! All page-mapped tiers draw physical memory from one [`gen_vmm::PagePool`], so the memory held is the
@@ -18,18 +18,21 @@
 
 #![warn(missing_docs)]
 
+mod arenas;
 pub mod config;
 pub mod devices;
 pub mod error;
+mod headroom;
 mod meta;
 mod pool;
 #[cfg(feature = "replay")]
 pub mod replay;
 pub mod sleep;
 pub mod stats;
+mod tier;
 
 pub use config::{Config, ConfigError, LongTier, MidTier, Routing};
-pub use devices::{DeviceFactory, Freed, Pools, PoolsStats};
+pub use devices::{AddressBounds, DeviceFactory, EventSpares, Freed, Pools, PoolsStats};
 pub use error::{FreeFault, GenpoolError, OomReport, Result, TierUsage};
 pub use gen_classifier::Lifetime;
 pub use gen_device::{Device, DeviceError, StreamId};

@@ -1,52 +1,27 @@
 //! The engine: classify, route, serve from a tier's cache or the tier, and keep the books.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, Ordering::Relaxed};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use gen_buddy::{Buddy, BuddyConfig, BuddyError};
+use gen_buddy::{Buddy, BuddyConfig};
 use gen_classifier::{Classifier, ClassifierConfig, Features, Lifetime};
 use gen_device::{Device, StreamId};
-use gen_extent::{ExtentArena, ExtentConfig, ExtentError};
-use gen_plan::{Decision, PlanConfig, Planner, Ticket};
-use gen_slab::{Slab, SlabConfig, SlabError};
-use gen_stream::{StreamCache, StreamCacheConfig, StreamPool, StreamPoolConfig};
-use gen_vmm::{PagePool, PagePoolConfig, PageTally, Region, VmmError};
+use gen_plan::{PlanConfig, PlanServer, PlanServerConfig, Ticket};
+use gen_slab::{Slab, SlabConfig};
+use gen_stream::{DriverPool, DriverPoolConfig, StreamCache, StreamCacheConfig};
+use gen_vmm::{PagePool, PagePoolConfig, TierError, VmmError};
 
+use crate::arenas::{Extents, ExtentsConfig, NO_STREAM};
 use crate::config::{Config, LongTier, MidTier, Routing};
 use crate::error::{FreeFault, GenpoolError, OomReport, Result, TierUsage};
+use crate::headroom::Headroom;
 use crate::meta::{Meta, MetaTable, Removed};
 use crate::stats::{PlanSummary, PoolStats, TierStats};
+pub use crate::tier::Tier;
+use crate::tier::{tier_err, Request, TierAlloc};
 
 /// Every block is aligned to (and sized in multiples of) this many bytes, as PyTorch's allocator does.
 pub const ALIGN: u64 = 512;
-
-/// The tiers of the engine.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
-#[repr(u8)]
-pub enum Tier {
-    /// Short-lived small blocks: size classes over chunks, lock-free free lists.
-    Slab = 0,
-    /// Large short/mid-lived blocks: best-fit coalescing over page-mapped VA.
-    Extent = 1,
-    /// Mid-lived blocks through the driver's stream-ordered pool.
-    Stream = 2,
-    /// Long-lived blocks: exact-fit buddy.
-    Buddy = 3,
-}
-
-impl Tier {
-    /// All tiers, in index order.
-    pub const ALL: [Tier; 4] = [Tier::Slab, Tier::Extent, Tier::Stream, Tier::Buddy];
-    /// The tier's name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Tier::Slab => "slab",
-            Tier::Extent => "extent",
-            Tier::Stream => "stream",
-            Tier::Buddy => "buddy",
-        }
-    }
-}
 
 /// A caller's statement about an allocation's lifetime, or its call site.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -111,10 +86,15 @@ struct TierCounters {
 
 /// One device's generational pool. `Send + Sync`: allocate and free from any thread.
 ///
+/// The engine routes: it classifies each allocation, picks a tier ([`TierAlloc`]: the slab, the extent
+/// arenas of `arenas.rs`, the driver pool, the buddy) or a planned slot of the plan server
+/// (`gen_plan::PlanServer`), climbs the release-and-retry ladder when the tier cannot serve, and keeps the
+/// books. Each tier, the plan server and the headroom governor (`headroom.rs`) own their state.
+///
 /// `repr(C)`, in this order: the per-call words ([`Hot`]), the classifier (whose own per-call fields lead
 /// it), then one cache line of the references every call follows (page pool, extent arenas, metadata
-/// table, plan, the planner's window clock), then the tiers. Rust's default order (by alignment) put
-/// these references on three or four lines of a ~5.7 KB struct.
+/// table, plan server), then the tiers. Rust's default order (by alignment) put these references on
+/// three or four lines of a ~5.7 KB struct.
 #[repr(C)]
 pub struct Pool {
     /// The words every call reads or writes outside its tier, in two cache lines.
@@ -122,119 +102,29 @@ pub struct Pool {
     classifier: Classifier,
     // One line (64 bytes): what the hot paths dereference next.
     pages: Arc<PagePool>,
-    /// The extent arenas: one, or one per predicted generation (short, mid, long) with
-    /// `extent_generations`. Their address ranges are disjoint; a block is freed to the one owning it.
-    extents: Box<[ExtentArena]>,
+    extents: Extents,
     meta: MetaTable,
-    /// Periodic plans for large blocks (see `Config::plan`): the planner and the range it serves from.
-    plan: Option<Box<PlanTier>>,
-    /// Large allocations counted by `Pool::planner_awake`, page moves at its last check, its verdict.
-    plan_clock: AtomicU64,
-    /// Windows in a row with no page moved and no plan in use.
-    plan_quiet: AtomicU64,
+    /// Periodic plans for large blocks (see `Config::plan`).
+    plan: Option<Box<PlanServer>>,
     // The rest.
     slab: Slab,
     device: Arc<dyn Device>,
     cfg: Config,
     buddy: Buddy,
-    stream: Option<StreamPool>,
+    stream: Option<DriverPool>,
     extent_cache: StreamCache,
     buddy_cache: StreamCache,
     ooms: AtomicU64,
     retries: AtomicU64,
     invalid_frees: AtomicU64,
     /// See `Pool::mark_iteration`.
-    iterations: parking_lot::Mutex<IterationClock>,
-    plan_steals: AtomicU64,
-    /// Windows in a row the planner was awake with nothing to show: no period recorded, packed, ready
-    /// or served (see `Pool::planner_awake`).
-    plan_fruitless: AtomicU64,
-    /// Windows left to sleep after giving up, whatever moves; the next give-up's length; give-ups.
-    plan_snooze: AtomicU64,
-    plan_backoff: AtomicU64,
-    plan_snoozes: AtomicU64,
-    /// With `Config::stream_arenas`: the extent arenas of streams after the first.
-    stream_arenas: Option<Box<StreamArenas>>,
+    headroom: Headroom,
 }
-
-/// Streams after the first that get an extent arena of their own (see `Config::stream_arenas`).
-const STREAM_ARENAS: usize = 4;
 
 /// VA of a stream's own arena, in multiples of the device's memory (the first stream's arena has eight:
 /// streams after the first carry little in the programs measured — a prefetched batch, a serving
 /// request — and each arena's page table costs host memory in proportion).
 const STREAM_ARENA_VA: u64 = 2;
-
-const STREAM_ARENA_NAMES: [&str; STREAM_ARENAS] = [
-    "gen-extent/stream-1",
-    "gen-extent/stream-2",
-    "gen-extent/stream-3",
-    "gen-extent/stream-4",
-];
-
-/// The extent arenas of streams after the first (`Config::stream_arenas`). A slot's arena is made at its
-/// stream's first large allocation and kept; only that stream allocates from it, so a block it frees on
-/// that stream goes straight back (stream order), as in the one-stream case. Streams past the slots share
-/// `shared`, whose frees always go through the stream caches.
-struct StreamArenas {
-    /// The stream each slot belongs to (`NO_STREAM`: free), published once the slot's arena is set.
-    ids: [AtomicU64; STREAM_ARENAS],
-    arenas: [OnceLock<ExtentArena>; STREAM_ARENAS],
-    shared: OnceLock<ExtentArena>,
-    /// Serializes slot claims (once per stream).
-    claim: parking_lot::Mutex<()>,
-    va_bytes: u64,
-    placement_candidates: usize,
-}
-
-impl StreamArenas {
-    /// The arena `stream` allocates from, made on its first use. Out of line: one stream never calls it.
-    #[inline(never)]
-    fn arena(&self, pages: &Arc<PagePool>, stream: StreamId) -> Result<&ExtentArena, ExtentError> {
-        if let Some(a) = self.find(stream) {
-            return Ok(a);
-        }
-        let _g = self.claim.lock();
-        if let Some(a) = self.find(stream) {
-            return Ok(a);
-        }
-        let cfg = |name| ExtentConfig {
-            va_bytes: self.va_bytes,
-            placement_candidates: self.placement_candidates,
-            name,
-        };
-        if let Some(i) = self.ids.iter().position(|id| id.load(Relaxed) == NO_STREAM) {
-            let a = ExtentArena::new(pages, cfg(STREAM_ARENA_NAMES[i]))?;
-            if self.arenas[i].set(a).is_err() {
-                unreachable!("a free slot has no arena");
-            }
-            self.ids[i].store(stream, Ordering::Release);
-            return Ok(self.arenas[i].get().expect("just set"));
-        }
-        if let Some(a) = self.shared.get() {
-            return Ok(a);
-        }
-        let a = ExtentArena::new(pages, cfg("gen-extent/streams"))?;
-        Ok(self.shared.get_or_init(|| a))
-    }
-
-    fn find(&self, stream: StreamId) -> Option<&ExtentArena> {
-        let i = self
-            .ids
-            .iter()
-            .position(|id| id.load(Ordering::Acquire) == stream)?;
-        self.arenas[i].get()
-    }
-
-    /// Every arena made so far, with the one stream that allocates from it (`None`: shared).
-    fn all(&self) -> impl Iterator<Item = (&ExtentArena, Option<StreamId>)> {
-        self.arenas
-            .iter()
-            .zip(&self.ids)
-            .filter_map(|(a, id)| a.get().map(|a| (a, Some(id.load(Ordering::Acquire)))))
-            .chain(self.shared.get().map(|a| (a, None)))
-    }
-}
 
 /// What every allocation and free reads or writes outside its tier, packed into two cache lines. Inside
 /// PyTorch the allocator's lines are mostly cold between calls (kernel launches and the interpreter run in
@@ -271,178 +161,12 @@ struct Hot {
     tiers: [TierCounters; 4],
 }
 
-const NO_STREAM: u64 = u64::MAX;
-
-/// Large allocations in a row with no free in between after which the planner's slots are not used, at
-/// least (see `Pool::plan_alloc`: the limit is the longest such run of the recorded period, when longer).
-const PLAN_BURST: u64 = 8;
-
-/// Large allocations between the planner's wake-up checks (see `Pool::planner_awake`).
-const PLAN_WAKE_WINDOW: u64 = 1024;
-
-/// Quiet windows (no page moved, no plan in use) after which the planner sleeps.
-const PLAN_QUIET_WINDOWS: u64 = 4;
-
-/// Awake windows in a row with no period found after which the planner gives up for a while even though
-/// pages move (random shapes: no period to plan). A period of up to `plan_max_period` (8 192) large
-/// allocations is confirmed after about that many plus 2 048 more, ten windows at most.
-const PLAN_GIVE_UP_WINDOWS: u64 = 24;
-
-/// Windows the planner sleeps after its first give-up; each give-up in a row doubles it, up to
-/// [`PLAN_SNOOZE_MAX`]. A period found resets it.
-const PLAN_SNOOZE_FIRST: u64 = 32;
-const PLAN_SNOOZE_MAX: u64 = 512;
-
-/// Iteration marks that only start the move-budget clock (see `Pool::mark_iteration`).
-const WARM_ITERATIONS: u64 = 3;
-
-/// How much the page headroom grows at a time for an iteration that spent just over its move budget
-/// (see `Pool::mark_iteration`); up to [`SLACK_STEPS_MAX`] times that when it spent that many budgets.
-const SLACK_STEP: f64 = 0.005;
-const SLACK_STEPS_MAX: f64 = 4.0;
-
-/// The move-budget clock of `Pool::mark_iteration`.
-#[derive(Default)]
-struct IterationClock {
-    marks: u64,
-    last: Option<std::time::Instant>,
-    move_ns: u64,
-}
-
-/// The planner and its address range. Planned blocks commit their pages as the extent arena's do (a page
-/// referenced by a live block is mapped; a free one stays mapped where the next period's block will
-/// revive it unless another commit takes it first), so the plan never holds memory beyond what its live
-/// blocks touch. (Pinning the pages to the plan instead removed the page moves but cost memory whenever
-/// the arena had to serve unplanned blocks beside it: docs/ARCHITECTURE.md, "Periodic plans".)
-struct PlanTier {
-    inner: parking_lot::Mutex<PlanInner>,
-    region: Region,
-}
-
-struct PlanInner {
-    planner: Planner,
-    /// Pages referenced by live planned blocks (per-block mode).
-    tally: PageTally,
-    /// `plan_pin`: one bit per page of the range, mapped once and kept while the plan lives.
-    pinned: Option<Vec<u64>>,
-    pinned_pages: u64,
-    peak_pages: u64,
-    /// Page moves of the whole pool counted at the ready plan's previous activation point (one period
-    /// ago), to measure the moves of the last period.
-    moves_at_phase: Option<u64>,
-    /// Consecutive periods, up to now, that moved enough pages to serve the plan.
-    moving_periods: u32,
-}
-
-impl PlanInner {
-    /// Pages the plan holds now.
-    fn pages(&self) -> u64 {
-        if self.pinned.is_some() {
-            self.pinned_pages
-        } else {
-            self.tally.pages()
-        }
-    }
-
-    /// `plan_pin`: give every pinned page of `region` back to the page pool.
-    fn unpin(&mut self, region: &Region) {
-        let page = region.pool().page_size();
-        if let Some(bits) = self.pinned.as_mut() {
-            for (w, word) in bits.iter_mut().enumerate() {
-                let taken = std::mem::take(word);
-                for b in 0..64 {
-                    if taken & (1 << b) != 0 {
-                        region.decommit((w as u64 * 64 + b) * page, page);
-                    }
-                }
-            }
-            self.pinned_pages = 0;
-        }
-    }
-
-    /// `plan_pin`, the plan going away: keep references only on the pages that live planned blocks touch
-    /// (accounted per block from now on, as without pinning) and give every other pinned page back to the
-    /// pool at once, for the tiers to use.
-    fn unpin_to_blocks(&mut self, region: &Region) {
-        if self.pinned.is_none() {
-            return;
-        }
-        let live = self.planner.live_ranges();
-        for (k, &(off, len)) in live.iter().enumerate() {
-            // Every page of a live planned block is pinned: this only takes references.
-            if let Err(e) = region.commit(off, len, true) {
-                log::error!("genpool: keeping a planned block's pages: {e}");
-                for &(o, l) in &live[..k] {
-                    region.decommit(o, l);
-                    self.tally.remove(o, l);
-                }
-                return;
-            }
-            self.tally.add(off, len);
-        }
-        self.unpin(region);
-        self.pinned = None;
-    }
-
-    /// Hand a planned slot back to the planner (it will not be used), releasing pinned pages when that
-    /// was the last block of a dropped plan; the block goes to the tiers.
-    fn give_back(&mut self, region: &Region, ticket: Ticket) -> Decision {
-        if self.planner.on_free(ticket) {
-            self.unpin(region);
-        }
-        Decision::Unplanned {
-            ticket: Ticket::NONE,
-        }
-    }
-}
-
-impl Drop for PlanTier {
-    fn drop(&mut self) {
-        // The engine is going away: drop the plan's page references so the region unmaps cleanly.
-        let g = self.inner.get_mut();
-        if g.pinned.is_some() {
-            g.unpin(&self.region);
-        } else {
-            for (off, len) in g.planner.live_ranges() {
-                self.region.decommit(off, len);
-            }
-        }
-    }
-}
-
 impl std::fmt::Debug for Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pool")
             .field("device", &self.device.props().name)
             .field("cfg", &self.cfg)
             .finish()
-    }
-}
-
-fn tier_err(e: impl std::fmt::Display) -> GenpoolError {
-    GenpoolError::Device(gen_device::DeviceError::InvalidArgument {
-        call: "tier",
-        detail: e.to_string(),
-    })
-}
-
-/// The outcome of one tier attempt, normalised across tiers.
-enum Attempt {
-    Ok(u64, Tier),
-    WouldGrow,
-    Oom,
-    Err(GenpoolError),
-}
-
-impl From<VmmError> for Attempt {
-    fn from(e: VmmError) -> Self {
-        match e {
-            VmmError::WouldGrow { .. } => Attempt::WouldGrow,
-            VmmError::OutOfMemory { .. } => Attempt::Oom,
-            VmmError::Device(d) if d.is_oom() => Attempt::Oom,
-            VmmError::Device(d) => Attempt::Err(GenpoolError::Device(d)),
-            other => Attempt::Err(tier_err(other)),
-        }
     }
 }
 
@@ -491,76 +215,48 @@ impl Pool {
                 max_size: cfg.slab_max_size,
                 ..SlabConfig::default()
             },
-        )
-        .map_err(tier_err)?;
-        // VA is free (the GPU's space is 2^48 bytes and more): give the extent arena eight times the
-        // device's memory, so that however its address space fragments, a request that the pages can hold
-        // always finds a free extent (with 2× a random-size workload failed a 0.4 GiB request on a 0.5 GiB
-        // device with 0.45 GiB free — found by tests/prop.rs).
+        )?;
         // Whole pages of VA, `times` the device's memory.
         let va_of = |times: u64| props.total_mem.saturating_mul(times).div_ceil(page).max(1) * page;
-        let extent_va = va_of(8);
-        let names: &[&'static str] = if cfg.extent_generations {
-            &["gen-extent/short", "gen-extent/mid", "gen-extent/long"]
-        } else {
-            &["gen-extent"]
-        };
-        let extents = names
-            .iter()
-            .map(|&name| {
-                ExtentArena::new(
-                    &pages,
-                    ExtentConfig {
-                        va_bytes: extent_va,
-                        placement_candidates: cfg.placement_candidates,
-                        name,
-                    },
-                )
-                .map_err(tier_err)
-            })
-            .collect::<Result<Box<[_]>>>()?;
-        let buddy = Buddy::new(&pages, BuddyConfig::default()).map_err(tier_err)?;
-        let stream_arenas = cfg.stream_arenas.then(|| {
-            Box::new(StreamArenas {
-                ids: std::array::from_fn(|_| AtomicU64::new(NO_STREAM)),
-                arenas: std::array::from_fn(|_| OnceLock::new()),
-                shared: OnceLock::new(),
-                claim: parking_lot::Mutex::new(()),
-                va_bytes: va_of(STREAM_ARENA_VA),
+        let extents = Extents::new(
+            &pages,
+            ExtentsConfig {
+                generations: cfg.extent_generations,
+                stream_arenas: cfg.stream_arenas,
+                main_va: va_of(gen_extent::DEFAULT_VA_TIMES),
+                stream_va: va_of(STREAM_ARENA_VA),
                 placement_candidates: cfg.placement_candidates,
-            })
-        });
+            },
+        )?;
+        let buddy = Buddy::new(&pages, BuddyConfig::default())?;
         let plan = if cfg.plan {
             // A plan can never map more than the device holds.
-            let va = va_of(1);
-            Some(Box::new(PlanTier {
-                inner: parking_lot::Mutex::new(PlanInner {
-                    planner: Planner::new(PlanConfig {
-                        max_period: cfg.plan_max_period,
-                        background: cfg.plan_background,
-                        ..PlanConfig::default()
-                    }),
-                    tally: PageTally::dense(page, va / page),
-                    pinned: cfg
-                        .plan_pin
-                        .then(|| vec![0; (va / page).div_ceil(64) as usize]),
-                    pinned_pages: 0,
-                    peak_pages: 0,
-                    moves_at_phase: None,
-                    moving_periods: 0,
-                }),
-                region: Region::new(&pages, va, "gen-plan").map_err(tier_err)?,
-            }))
+            Some(Box::new(
+                PlanServer::new(
+                    &pages,
+                    va_of(1),
+                    PlanServerConfig {
+                        planner: PlanConfig {
+                            max_period: cfg.plan_max_period,
+                            background: cfg.plan_background,
+                            ..PlanConfig::default()
+                        },
+                        pin: cfg.plan_pin,
+                        min_moves: cfg.plan_min_moves,
+                    },
+                )
+                .map_err(tier_err)?,
+            ))
         } else {
             None
         };
         let stream = if props.supports_pools && cfg.mid_tier == MidTier::Stream {
             Some(
-                StreamPool::new(
+                DriverPool::new(
                     device.clone(),
-                    StreamPoolConfig {
+                    DriverPoolConfig {
                         release_threshold: cfg.pool_release_threshold,
-                        ..StreamPoolConfig::default()
+                        ..DriverPoolConfig::default()
                     },
                 )
                 .map_err(tier_err)?,
@@ -593,6 +289,7 @@ impl Pool {
             buddy_cache: StreamCache::new(device.clone(), cache_cfg),
             hot,
             device,
+            headroom: Headroom::new(cfg.move_budget, cfg.page_slack_max),
             cfg,
             pages,
             classifier,
@@ -605,15 +302,6 @@ impl Pool {
             ooms: AtomicU64::new(0),
             retries: AtomicU64::new(0),
             invalid_frees: AtomicU64::new(0),
-            iterations: parking_lot::Mutex::new(IterationClock::default()),
-            plan_clock: AtomicU64::new(0),
-            plan_steals: AtomicU64::new(0),
-            plan_quiet: AtomicU64::new(0),
-            plan_fruitless: AtomicU64::new(0),
-            plan_snooze: AtomicU64::new(0),
-            plan_backoff: AtomicU64::new(PLAN_SNOOZE_FIRST),
-            plan_snoozes: AtomicU64::new(0),
-            stream_arenas,
         })
     }
 
@@ -751,14 +439,8 @@ impl Pool {
             // threads' large allocations loses one count, which no decision depends on exactly.
             let run = self.hot.large_since_free.load(Relaxed);
             self.hot.large_since_free.store(run + 1, Relaxed);
-            if let Some(pt) = self.plan.as_ref().filter(|pt| self.planner_awake(pt)) {
-                match self.plan_alloc(pt, size, run) {
-                    Decision::Planned { offset, ticket: t } => {
-                        planned = Some(pt.region.base() + offset);
-                        ticket = t;
-                    }
-                    Decision::Unplanned { ticket: t } => ticket = t,
-                }
+            if let Some(ps) = self.plan.as_ref().filter(|ps| ps.awake()) {
+                (planned, ticket) = ps.alloc(size, run);
             }
         }
         let (ptr, tier) = match planned {
@@ -825,9 +507,9 @@ impl Pool {
             && self.extent_cache.cached_bytes() + self.buddy_cache.cached_bytes() > 0;
         let grow_first = self.pages.slack() > 0.0 && !caches_hold_pages;
         match self.attempt(tier, class, size, stream, grow_first) {
-            Attempt::Ok(p, t) => return Ok((p, t)),
-            Attempt::Err(e) => return Err(e),
-            Attempt::WouldGrow | Attempt::Oom => {}
+            Ok(pt) => return Ok(pt),
+            Err(e) if e.is_fault() => return Err(e.into()),
+            Err(_) => {}
         }
         // 2. Give cached blocks back to their tiers, largest first, a growing amount at a time, so that
         //    their pages can serve this request; stop as soon as it fits. A partial drain keeps the
@@ -843,21 +525,19 @@ impl Pool {
                 break;
             }
             match self.attempt(tier, class, size, stream, false) {
-                Attempt::Ok(p, t) => return Ok((p, t)),
-                Attempt::Err(e) => return Err(e),
-                Attempt::WouldGrow | Attempt::Oom => want = want.saturating_mul(2),
+                Ok(pt) => return Ok(pt),
+                Err(e) if e.is_fault() => return Err(e.into()),
+                Err(_) => want = want.saturating_mul(2),
             }
         }
         // 3. Empty slab chunks, then grow.
-        if let Err(e) = self.slab.reclaim() {
-            log::error!("genpool: slab reclaim: {e}");
-        }
+        self.slab.trim();
         for grow in [false, true] {
             match self.attempt(tier, class, size, stream, grow) {
-                Attempt::Ok(p, t) => return Ok((p, t)),
-                Attempt::Err(e) => return Err(e),
-                Attempt::WouldGrow => continue,
-                Attempt::Oom => break,
+                Ok(pt) => return Ok(pt),
+                Err(TierError::WouldGrow { .. }) => continue,
+                Err(e) if e.is_fault() => return Err(e.into()),
+                Err(_) => break,
             }
         }
         // 4. Release everything releasable (a plan's range too, once its blocks are gone) and retry once;
@@ -866,9 +546,9 @@ impl Pool {
         self.drop_plan();
         self.relieve(true);
         match self.attempt(tier, class, size, stream, true) {
-            Attempt::Ok(p, t) => Ok((p, t)),
-            Attempt::Err(e) => Err(e),
-            Attempt::WouldGrow | Attempt::Oom => {
+            Ok(pt) => Ok(pt),
+            Err(e) if e.is_fault() => Err(e.into()),
+            Err(_) => {
                 self.ooms.fetch_add(1, Relaxed);
                 // The failed attempt may have created pages before it ran out; give them back so the
                 // rest of the process (cuBLAS workspaces, NCCL, ...) can still use the memory.
@@ -887,7 +567,7 @@ impl Pool {
         let mut done = 0u64;
         let caches: [(&StreamCache, &dyn Fn(u64)); 2] = [
             (&self.extent_cache, &|p| {
-                if let Err(e) = self.extent_free(p) {
+                if let Err(e) = self.extents.free(p, 0) {
                     log::error!("genpool: returning a cached block to the extent arena: {e}");
                 }
             }),
@@ -909,271 +589,36 @@ impl Pool {
         done
     }
 
-    /// Whether the planner should see this large allocation. After [`PLAN_QUIET_WINDOWS`] windows of
-    /// [`PLAN_WAKE_WINDOW`] large allocations in which the tiers moved no page and no plan was in use it
-    /// sleeps, costing one counter increment per large allocation (a plan could only cost memory there:
-    /// ResNet-50's layout repeats in place); the first window that moves a page wakes it. Falling asleep
-    /// drops a period being recorded or packed and a ready plan (`Planner::pause`): they need every
-    /// allocation, and one that never moved a page would not be served anyway. (Recording used to keep
-    /// the planner awake, and on a loop whose period it kept re-recording — ResNet-50 in the simulator —
-    /// that cost ~0.4 µs per large allocation for hundreds of iterations.) And where pages move but no
-    /// period shows up in [`PLAN_GIVE_UP_WINDOWS`] awake windows (random shapes: GPT-2 medium's, ~0.25 µs
-    /// per large allocation for nothing) it gives up for [`PLAN_SNOOZE_FIRST`] windows, doubling with each
-    /// give-up in a row, then looks again.
-    fn planner_awake(&self, pt: &PlanTier) -> bool {
-        // A window clock: a plain load and store (no locked instruction on every large allocation); a
-        // race can repeat or skip one count, moving a window check by one allocation.
-        let n = self.plan_clock.load(Relaxed);
-        self.plan_clock.store(n.wrapping_add(1), Relaxed);
-        if n % PLAN_WAKE_WINDOW == 0 {
-            let steals = self.pages.stats().steals;
-            let moving = steals > self.plan_steals.swap(steals, Relaxed);
-            let snooze = self.plan_snooze.load(Relaxed);
-            if snooze > 0 {
-                // Given up for a while: wake when it is over, to look for a period again.
-                self.plan_snooze.store(snooze - 1, Relaxed);
-                if snooze == 1 {
-                    self.plan_quiet.store(0, Relaxed);
-                }
-                return false;
-            }
-            let awake = self.plan_quiet.load(Relaxed) < PLAN_QUIET_WINDOWS;
-            // With `plan_min_moves:0` plans are served without waiting for moves, so a period being
-            // recorded or packed, or a ready plan, keeps the planner awake to follow the sequence to the
-            // plan's activation point.
-            let mut g = pt.inner.lock();
-            let s = g.planner.stats();
-            let serving = s.active || s.planned_live > 0;
-            let has_period = s.recording || s.period > 0;
-            let busy = serving || (self.cfg.plan_min_moves == 0.0 && has_period);
-            // Awake while pages move but no period shows up (random shapes): after a while the planner
-            // costs more than it can win; it gives up for a growing number of windows.
-            if serving || has_period {
-                self.plan_fruitless.store(0, Relaxed);
-                self.plan_backoff.store(PLAN_SNOOZE_FIRST, Relaxed);
-            } else if awake && self.plan_fruitless.fetch_add(1, Relaxed) + 1 >= PLAN_GIVE_UP_WINDOWS
-            {
-                self.plan_fruitless.store(0, Relaxed);
-                let backoff = self.plan_backoff.load(Relaxed);
-                self.plan_backoff
-                    .store((backoff * 2).min(PLAN_SNOOZE_MAX), Relaxed);
-                self.plan_snooze.store(backoff, Relaxed);
-                self.plan_snoozes.fetch_add(1, Relaxed);
-                self.plan_quiet.store(PLAN_QUIET_WINDOWS, Relaxed);
-                g.planner.pause();
-                return false;
-            }
-            if moving || busy {
-                self.plan_quiet.store(0, Relaxed);
-            } else if self.plan_quiet.fetch_add(1, Relaxed) + 1 == PLAN_QUIET_WINDOWS {
-                g.planner.pause();
-            }
-        }
-        self.plan_quiet.load(Relaxed) < PLAN_QUIET_WINDOWS
-    }
-
-    /// One large-block allocation through the planner: the plan's slot (its pages committed), or where
-    /// the tiers should serve it. `run`: large allocations since the last free. A run longer than any in
-    /// the recorded period — state being built (weights, optimizer moments), which would squat on a
-    /// planned slot for good — is not planned; a forward pass's own runs (GPT-2: dozens) are.
-    fn plan_alloc(&self, pt: &PlanTier, size: u64, run: u64) -> Decision {
-        let mut g = pt.inner.lock();
-        g.planner.note_run(run);
-        let misses = g.planner.misses();
-        let d = g.planner.on_alloc(size);
-        if g.pinned_pages > 0 && g.planner.misses() > misses {
-            // The sequence left the plan (a new phase of the program): every allocation it does not
-            // cover would grow the tiers beside pages pinned for blocks that may not come. Drop the plan
-            // and give its idle pages back now; a new plan is learnt if the sequence repeats again.
-            g.planner.deactivate();
-            g.unpin_to_blocks(&pt.region);
-        }
-        // Longer than any run of the recorded period (and than PLAN_BURST): state being built.
-        let burst = run >= g.planner.max_run().map_or(0, |m| m + 1).max(PLAN_BURST);
-        if g.planner.take_release() {
-            g.unpin(&pt.region);
-        }
-        if let Some(footprint) = g.planner.wants_activation() {
-            // A plan exists to stop page moves: serve it only once two whole periods in a row have each
-            // moved at least `plan_min_moves` (1/200) of its footprint (one period of moves is a
-            // transient: a new phase settling). Where the tiers' layout already repeats in place
-            // (ResNet-50) the plan stays ready and unused, costing neither memory nor moves.
-            let min_moves = self.cfg.plan_min_moves;
-            let moves = self.pages.stats().steals;
-            let moved = g.moves_at_phase.replace(moves).map(|m| moves - m);
-            let moving = moved.is_some_and(|m| {
-                (m * self.pages.page_size()) as f64 >= min_moves * footprint as f64
-            });
-            g.moving_periods = if moving { g.moving_periods + 1 } else { 0 };
-            if min_moves == 0.0 || g.moving_periods >= 2 {
-                g.planner.activate();
-                if self.cfg.plan_pin && g.pinned.is_none() && g.tally.pages() == 0 {
-                    // Pinned again after a dropped plan's blocks are all gone.
-                    let n = (pt.region.len() / self.pages.page_size()).div_ceil(64) as usize;
-                    g.pinned = Some(vec![0; n]);
-                }
-            }
-        }
-        match d {
-            Decision::Planned { ticket, .. } if burst => g.give_back(&pt.region, ticket),
-            Decision::Planned { offset, ticket } => {
-                let mapped = if g.pinned.is_some() {
-                    self.pin(pt, &mut g, offset, size)
-                } else {
-                    pt.region
-                        .commit(offset, size, true)
-                        .map(|()| g.tally.add(offset, size))
-                };
-                match mapped {
-                    Ok(()) => {
-                        g.peak_pages = g.peak_pages.max(g.pages());
-                        d
-                    }
-                    Err(e) => {
-                        // No page for it now: give the slot back; the tiers' out-of-memory path takes
-                        // over.
-                        log::debug!("genpool: planned slot not mapped: {e}");
-                        g.give_back(&pt.region, ticket)
-                    }
-                }
-            }
-            other => other,
-        }
-    }
-
-    /// `plan_pin`: map (once) the pages of `[offset, offset + size)` that the plan has not pinned yet.
-    fn pin(
-        &self,
-        pt: &PlanTier,
-        g: &mut PlanInner,
-        offset: u64,
-        size: u64,
-    ) -> std::result::Result<(), VmmError> {
-        let page = self.pages.page_size();
-        let (first, last) = (offset / page, (offset + size - 1) / page);
-        let Some(bits) = g.pinned.as_mut() else {
-            return Ok(());
-        };
-        let pinned = |bits: &Vec<u64>, p: u64| bits[(p / 64) as usize] & (1 << (p % 64)) != 0;
-        let mut p = first;
-        while p <= last {
-            if pinned(bits, p) {
-                p += 1;
-                continue;
-            }
-            let mut q = p;
-            while q < last && !pinned(bits, q + 1) {
-                q += 1;
-            }
-            pt.region.commit(p * page, (q - p + 1) * page, true)?;
-            for x in p..=q {
-                bits[(x / 64) as usize] |= 1 << (x % 64);
-            }
-            g.pinned_pages += q - p + 1;
-            p = q + 1;
-        }
-        Ok(())
-    }
-
-    /// Tell the planner a block it tracks is gone; a planned block's pages are decommitted.
+    /// Tell the plan server a block it tracks is gone (`range`: a planned block's).
     fn plan_free(&self, ticket: Ticket, range: Option<(u64, u64)>) {
-        if !ticket.is_tracked() {
-            return;
-        }
-        if let Some(pt) = &self.plan {
-            let mut g = pt.inner.lock();
-            if let (Some((ptr, size)), None) = (range, &g.pinned) {
-                let off = ptr - pt.region.base();
-                pt.region.decommit(off, size);
-                g.tally.remove(off, size);
-            }
-            if g.planner.on_free(ticket) {
-                g.unpin(&pt.region);
-            }
+        if let Some(ps) = &self.plan {
+            ps.free(ticket, range);
         }
     }
 
     /// Stop serving from the plan (its live blocks keep their slots until freed; pinned pages go back
     /// once none is live).
     fn drop_plan(&self) {
-        if let Some(pt) = &self.plan {
-            let mut g = pt.inner.lock();
-            if g.planner.deactivate() {
-                g.unpin(&pt.region);
-            } else {
-                g.unpin_to_blocks(&pt.region);
-            }
+        if let Some(ps) = &self.plan {
+            ps.drop_plan();
         }
     }
 
-    /// The extent arena for blocks predicted `class`.
+    /// The tier behind `tier` (the stream tier is routed to only when it exists).
     #[inline]
-    fn extent_for(&self, class: Lifetime) -> &ExtentArena {
-        let i = match class {
-            Lifetime::Short => 0,
-            Lifetime::Mid => 1,
-            Lifetime::Long => 2,
-        };
-        &self.extents[i.min(self.extents.len() - 1)]
-    }
-
-    /// Every extent arena: the first stream's (or the generations'), then the stream arenas made so far.
-    fn extent_arenas(&self) -> impl Iterator<Item = &ExtentArena> {
-        self.extents.iter().chain(
-            self.stream_arenas
-                .iter()
-                .flat_map(|s| s.all().map(|(a, _)| a)),
-        )
-    }
-
-    /// The arena an extent block of `class` allocated on `stream` comes from: with several streams and
-    /// stream arenas, the stream's own (made on first use) unless it is the first stream.
-    #[inline]
-    fn extent_arena(
-        &self,
-        class: Lifetime,
-        stream: StreamId,
-    ) -> std::result::Result<&ExtentArena, ExtentError> {
-        // One stream (the common case): decided from the hot line alone, the pool's tail not read.
-        if stream == self.hot.solo_stream.load(Relaxed) {
-            return Ok(self.extent_for(class));
-        }
-        match &self.stream_arenas {
-            Some(sa) => sa.arena(&self.pages, stream),
-            None => Ok(self.extent_for(class)),
+    fn tier(&self, tier: Tier) -> &dyn TierAlloc {
+        match tier {
+            Tier::Slab => &self.slab,
+            Tier::Extent => &self.extents,
+            Tier::Buddy => &self.buddy,
+            Tier::Stream => self
+                .stream
+                .as_ref()
+                .expect("stream tier routed only when present"),
         }
     }
 
-    /// Free an extent block to the arena whose address range holds it.
-    fn extent_free(&self, ptr: u64) -> std::result::Result<u64, ExtentError> {
-        // The first stream's arena (or the generations') first: the stream arenas are not looked at (a
-        // cache line of the pool's tail) unless the block is theirs.
-        if let Some(a) = self.extents.iter().find(|a| a.owns(ptr)) {
-            return a.free(ptr);
-        }
-        match self
-            .stream_arenas
-            .as_ref()
-            .and_then(|sa| sa.all().find(|(a, _)| a.owns(ptr)))
-        {
-            Some((a, _)) => a.free(ptr),
-            None => Err(ExtentError::InvalidFree { ptr }),
-        }
-    }
-
-    /// With several streams and stream arenas: the arena holding `ptr` if `stream` is the one stream that
-    /// allocates from it (a free there may go straight back). Out of line: one stream never calls it.
-    #[inline(never)]
-    fn own_extent_arena(&self, ptr: u64, stream: StreamId) -> Option<&ExtentArena> {
-        let sa = self.stream_arenas.as_ref()?;
-        if stream == self.hot.solo_stream.load(Relaxed) {
-            return self.extents.iter().find(|a| a.owns(ptr));
-        }
-        sa.all()
-            .find(|&(a, home)| home == Some(stream) && a.owns(ptr))
-            .map(|(a, _)| a)
-    }
-
+    /// One try of `tier` (the slab's size class out of slots: the extent arena, which serves any size).
     fn attempt(
         &self,
         tier: Tier,
@@ -1181,48 +626,24 @@ impl Pool {
         size: u64,
         stream: StreamId,
         grow: bool,
-    ) -> Attempt {
-        match tier {
-            Tier::Slab => match self.slab.alloc(size, stream, grow) {
-                Ok(p) => Attempt::Ok(p, Tier::Slab),
-                Err(SlabError::WouldGrow { .. }) => Attempt::WouldGrow,
-                Err(SlabError::Vmm(e)) => e.into(),
-                // A size class out of address space: the extent arena serves any size.
-                Err(SlabError::ClassFull { .. }) => {
-                    self.attempt(Tier::Extent, class, size, stream, grow)
-                }
-                Err(e) => Attempt::Err(tier_err(e)),
-            },
-            Tier::Extent => match self
-                .extent_arena(class, stream)
-                .and_then(|a| a.alloc(size, grow))
-            {
-                Ok(p) => Attempt::Ok(p, Tier::Extent),
-                Err(ExtentError::WouldGrow { .. }) => Attempt::WouldGrow,
-                Err(ExtentError::Vmm(e)) => e.into(),
-                Err(e @ ExtentError::OutOfAddressSpace { .. }) => {
-                    log::warn!("genpool: {e}");
-                    Attempt::Oom
-                }
-                Err(e) => Attempt::Err(tier_err(e)),
-            },
-            Tier::Buddy => match self.buddy.alloc(size, grow) {
-                Ok(p) => Attempt::Ok(p, Tier::Buddy),
-                Err(BuddyError::WouldGrow { .. }) => Attempt::WouldGrow,
-                Err(BuddyError::Vmm(e)) => e.into(),
-                Err(e) => Attempt::Err(tier_err(e)),
-            },
-            Tier::Stream => {
-                let sp = self
-                    .stream
-                    .as_ref()
-                    .expect("stream tier routed only when present");
-                match sp.alloc(size, stream) {
-                    Ok(p) => Attempt::Ok(p, Tier::Stream),
-                    Err(gen_stream::StreamError::Device(d)) if d.is_oom() => Attempt::Oom,
-                    Err(e) => Attempt::Err(tier_err(e)),
-                }
+    ) -> std::result::Result<(u64, Tier), TierError> {
+        let req = Request {
+            size,
+            class,
+            stream,
+            first_stream: self.hot.solo_stream.load(Relaxed),
+            grow,
+        };
+        match self.tier(tier).alloc(&req) {
+            Ok(p) => Ok((p, tier)),
+            Err(TierError::Exhausted { .. }) if tier == Tier::Slab => {
+                self.attempt(Tier::Extent, class, size, stream, grow)
             }
+            Err(e @ TierError::Exhausted { .. }) => {
+                log::warn!("genpool: {e}");
+                Err(e)
+            }
+            Err(e) => Err(e),
         }
     }
 
@@ -1230,18 +651,12 @@ impl Pool {
     /// chunks, the driver pool's spare memory, empty regions, and unused pages to the driver.
     fn relieve(&self, hard: bool) {
         self.drain_caches(u64::MAX);
-        if let Err(e) = self.slab.reclaim() {
-            log::error!("genpool: slab reclaim: {e}");
-        }
+        self.slab.trim();
         if hard {
             if let Some(sp) = &self.stream {
-                if let Err(e) = sp.trim(0) {
-                    log::error!("genpool: trimming the stream pool: {e}");
-                }
+                TierAlloc::trim(sp);
             }
-            for a in self.extent_arenas() {
-                a.trim();
-            }
+            self.extents.trim();
             self.buddy.trim();
             if let Err(e) = self.pages.release_unused() {
                 log::error!("genpool: releasing unused pages: {e}");
@@ -1296,7 +711,6 @@ impl Pool {
         self.note_stream(stream);
         self.classifier.on_free(&meta.stamp, size);
         let res = match meta.tier {
-            Tier::Slab => self.slab.free(ptr, stream).map(|_| ()).map_err(tier_err),
             Tier::Extent if meta.ticket.is_planned() => {
                 // Served from the plan's range: the slot is free again once the planner knows. Only one
                 // stream ever allocates planned slots (see `note_stream`), so stream order makes the
@@ -1309,28 +723,23 @@ impl Pool {
                 // Several streams: back to the arena that only `stream` allocates from, when the block is
                 // there — stream order makes its reuse safe at once, as with one stream (no cache holding
                 // the block's pages). One stream: `cache_or_free` frees straight back anyway.
-                let own = if self.hot.multi_stream.load(Ordering::Acquire) && !self.hot.caching {
-                    self.own_extent_arena(ptr, stream)
+                let home = if self.hot.multi_stream.load(Ordering::Acquire) && !self.hot.caching {
+                    self.extents
+                        .home_arena(ptr, stream, self.hot.solo_stream.load(Relaxed))
                 } else {
                     None
                 };
-                match own {
-                    Some(a) => a.free(ptr).map(|_| ()).map_err(tier_err),
+                match home {
+                    Some(a) => a.free(ptr).map(|_| ()).map_err(GenpoolError::from),
                     None => self.cache_or_free(&self.extent_cache, ptr, size, stream, |p| {
-                        self.extent_free(p).map(|_| ()).map_err(tier_err)
+                        self.extents.free(p, stream).map_err(GenpoolError::from)
                     }),
                 }
             }
             Tier::Buddy => self.cache_or_free(&self.buddy_cache, ptr, size, stream, |p| {
-                self.buddy.free(p).map(|_| ()).map_err(tier_err)
+                TierAlloc::free(&self.buddy, p, stream).map_err(GenpoolError::from)
             }),
-            Tier::Stream => {
-                let sp = self
-                    .stream
-                    .as_ref()
-                    .expect("stream tier present for its blocks");
-                sp.free(ptr, stream).map(|_| ()).map_err(tier_err)
-            }
+            t => TierAlloc::free(self.tier(t), ptr, stream).map_err(GenpoolError::from),
         };
         if let Err(e) = res {
             // The tier refused a block our table said was live: an internal inconsistency. Keep the
@@ -1377,35 +786,9 @@ impl Pool {
     /// [`WARM_ITERATIONS`] marks only start the clock (warm-up lays everything out once).
     pub fn mark_iteration(&self) {
         self.classifier.mark_iteration();
-        let now = std::time::Instant::now();
-        let move_ns = self.pages.stats().move_ns;
-        let mut it = self.iterations.lock();
-        it.marks += 1;
-        if let Some(last) = it.last.filter(|_| it.marks > WARM_ITERATIONS) {
-            let spent = move_ns.saturating_sub(it.move_ns) as f64;
-            let elapsed = now.duration_since(last).as_nanos() as f64;
-            let slack = self.pages.slack();
-            let budget = self.cfg.move_budget * elapsed;
-            // A plan being recorded, or ready and waiting for moves to prove it is needed, fixes them
-            // itself (GPT-2: it activates a few iterations later and moves stop): headroom bought
-            // meanwhile would be held for nothing.
-            let plan_pending = self.plan.as_ref().is_some_and(|pt| {
-                let s = pt.inner.lock().planner.stats();
-                s.recording || (s.period > 0 && !s.active)
-            });
-            if spent > budget && slack < self.cfg.page_slack_max && !plan_pending {
-                let step = SLACK_STEP * (spent / budget).min(SLACK_STEPS_MAX);
-                let grown = (slack + step).min(self.cfg.page_slack_max);
-                self.pages.set_slack(grown);
-                log::debug!(
-                    "genpool: page moves took {:.1} % of an iteration: page headroom {:.3} -> {grown:.3}",
-                    100.0 * spent / elapsed,
-                    slack
-                );
-            }
-        }
-        it.last = Some(now);
-        it.move_ns = move_ns;
+        self.headroom.on_iteration(&self.pages, || {
+            self.plan.as_ref().is_some_and(|ps| ps.pending())
+        });
     }
 
     /// A replay pass begins (a whole recorded run, not one iteration of it): the classifier takes it as a
@@ -1418,7 +801,7 @@ impl Pool {
     /// pool's spare memory. Returns the bytes of reservation released.
     pub fn trim(&self) -> u64 {
         let before = self.reserved_now();
-        if self.cfg.plan_pin {
+        if self.plan.as_ref().is_some_and(|ps| ps.pins()) {
             // Pinned pages are memory held for the next period: a trim gives them back (the plan is
             // dropped; its pages go now, or when its last live block is freed).
             self.drop_plan();
@@ -1523,35 +906,17 @@ impl Pool {
     }
 
     fn tier_reserved(&self, tier: Tier) -> (u64, u64) {
-        match tier {
-            Tier::Slab => {
-                let s = self.slab.stats();
-                (s.committed_bytes, s.peak_committed_bytes)
-            }
-            Tier::Extent => {
-                // Per-arena peaks occur at different moments: their sum bounds the tier's peak.
-                let (c, p) = self
-                    .extent_arenas()
-                    .map(|a| a.stats())
-                    .fold((0, 0), |(c, p), s| {
-                        (c + s.committed_bytes, p + s.peak_committed_bytes)
-                    });
-                let (pc, pp) = self.plan.as_ref().map_or((0, 0), |pt| {
-                    let g = pt.inner.lock();
-                    let page = self.pages.page_size();
-                    (g.pages() * page, g.peak_pages * page)
+        match (tier, &self.stream) {
+            (Tier::Extent, _) => {
+                let (c, p) = self.extents.reserved();
+                let (pc, pp) = self.plan.as_ref().map_or((0, 0), |ps| {
+                    let s = ps.stats();
+                    (s.committed, s.committed_peak)
                 });
                 (c + pc, p + pp)
             }
-            Tier::Buddy => {
-                let s = self.buddy.stats();
-                (s.committed_bytes, s.peak_committed_bytes)
-            }
-            Tier::Stream => self
-                .stream
-                .as_ref()
-                .and_then(|s| s.stats().pool)
-                .map_or((0, 0), |u| (u.reserved_current, u.reserved_high)),
+            (Tier::Stream, None) => (0, 0),
+            (t, _) => self.tier(t).reserved(),
         }
     }
 
@@ -1568,11 +933,7 @@ impl Pool {
                     reserved: self.tier_reserved(t).0,
                 })
                 .collect(),
-            largest_free_extent: self
-                .extent_arenas()
-                .map(|a| a.stats().largest_free_extent)
-                .max()
-                .unwrap_or(0),
+            largest_free_extent: self.extents.largest_free_extent(),
             device_free: self.device.mem_info().ok().map(|(f, _)| f),
         }
     }
@@ -1620,9 +981,9 @@ impl Pool {
             classifier_accuracy_bytes: confusion.accuracy_bytes(),
             confusion_counts: confusion.counts,
             confusion_bytes: confusion.bytes,
-            plan: self.plan.as_ref().map_or_else(PlanSummary::default, |pt| {
-                let g = pt.inner.lock();
-                let s = g.planner.stats();
+            plan: self.plan.as_ref().map_or_else(PlanSummary::default, |ps| {
+                let g = ps.stats();
+                let s = g.planner;
                 PlanSummary {
                     active: s.active,
                     period: s.period,
@@ -1634,11 +995,11 @@ impl Pool {
                     outside: s.outside,
                     activations: s.activations,
                     deactivations: s.deactivations,
-                    committed: g.pages() * self.pages.page_size(),
+                    committed: g.committed,
                     recording: s.recording,
                     aborted_recordings: s.aborted_recordings,
-                    awake: self.plan_quiet.load(Relaxed) < PLAN_QUIET_WINDOWS,
-                    snoozes: self.plan_snoozes.load(Relaxed),
+                    awake: g.awake,
+                    snoozes: g.snoozes,
                 }
             }),
         }
@@ -1666,10 +1027,9 @@ mod layout_tests {
         use super::Pool;
         let at = offset_of!(Pool, pages);
         assert_eq!(at % 64, 0, "the line starts on a line");
-        assert_eq!(
-            offset_of!(Pool, slab) - at,
-            64,
-            "pages, extents, meta, plan, plan clocks: one line"
+        assert!(
+            offset_of!(Pool, slab) - at <= 64,
+            "pages, extents, meta, plan server: one line"
         );
     }
 }

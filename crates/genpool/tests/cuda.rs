@@ -57,7 +57,10 @@ fn all_tiers_serve_real_memory() {
     for mid in ["extent", "stream"] {
         let pool = Pool::new(
             dev.clone(),
-            Config::parse(&format!("mid_tier:{mid},long_tier:buddy,slab_max_size:1M")).unwrap(),
+            Config::parse(&format!(
+                "mid_tier:{mid},experimental.long_tier:buddy,slab_max_size:1M"
+            ))
+            .unwrap(),
         )
         .unwrap();
         let reqs = [
@@ -347,8 +350,18 @@ fn cross_stream_reuse_waits_for_work_on_the_freeing_stream() {
     let cases = [
         ("", 4096, Lifetime::Short, Tier::Slab),
         ("", 8 * MIB, Lifetime::Short, Tier::Extent),
-        ("long_tier:buddy", MIB, Lifetime::Long, Tier::Buddy),
-        ("mid_tier:stream", MIB, Lifetime::Mid, Tier::Stream),
+        (
+            "experimental.long_tier:buddy",
+            MIB,
+            Lifetime::Long,
+            Tier::Buddy,
+        ),
+        (
+            "experimental.mid_tier:stream",
+            MIB,
+            Lifetime::Mid,
+            Tier::Stream,
+        ),
     ];
     for (conf, size, life, tier) in cases {
         let pool = Pool::new(dev.clone(), Config::parse(conf).unwrap()).unwrap();

@@ -65,7 +65,7 @@ fn long_tier_buddy_and_a_bigger_slab_when_configured() {
     let dev = sim(8 * GIB);
     let pool = pool_on(
         &dev,
-        Config::parse("long_tier:buddy,slab_max_size:1M").unwrap(),
+        Config::parse("experimental.long_tier:buddy,slab_max_size:1M").unwrap(),
     );
     let a = pool.alloc(700 * 1024, 0, hint(Lifetime::Short)).unwrap();
     assert_eq!(a.tier, Tier::Slab);
@@ -83,7 +83,7 @@ fn long_tier_buddy_and_a_bigger_slab_when_configured() {
 #[test]
 fn mid_tier_stream_uses_the_driver_pool() {
     let dev = sim(8 * GIB);
-    let cfg = Config::parse("mid_tier:stream").unwrap();
+    let cfg = Config::parse("experimental.mid_tier:stream").unwrap();
     let pool = pool_on(&dev, cfg);
     let s = dev.stream_create().unwrap();
     let d = pool.alloc(5 * MIB, s, hint(Lifetime::Mid)).unwrap();
@@ -382,20 +382,22 @@ fn real_traces_replay_with_invariants() {
 /// iteration falls back to the tiers, and after everything is freed and trimmed nothing is held.
 #[test]
 fn periodic_plans_serve_a_training_loop_without_overlap_or_leaks() {
-    periodic_plan_program("plan:true,plan_min_moves:0,plan_background:false");
+    periodic_plan_program("plan:true,experimental.plan_min_moves:0,plan_background:false");
 }
 
 /// The same with periods packed on a helper thread (the default): the plan arrives a little later and
 /// picks the loop up where it then is.
 #[test]
 fn periodic_plans_packed_in_the_background_serve_a_training_loop() {
-    periodic_plan_program("plan:true,plan_min_moves:0,plan_background:true");
+    periodic_plan_program("plan:true,experimental.plan_min_moves:0,plan_background:true");
 }
 
 /// The same with the plan's pages pinned (mapped once while the plan lives).
 #[test]
 fn pinned_periodic_plans_serve_a_training_loop_without_overlap_or_leaks() {
-    periodic_plan_program("plan:true,plan_pin:true,plan_min_moves:0,plan_background:false");
+    periodic_plan_program(
+        "plan:true,experimental.plan_pin:true,experimental.plan_min_moves:0,plan_background:false",
+    );
 }
 
 fn periodic_plan_program(conf: &str) {
@@ -548,12 +550,12 @@ fn replay_prefix(trace: &gen_trace::Trace, len: usize, conf: &str) -> genpool::P
 fn pinned_plans_stop_page_moves_where_the_layout_shifts_and_only_there() {
     let dir = trace_dir();
     // Packed on the allocating thread: the prefix and the whole run must make the same decisions.
-    let conf = "plan:true,plan_pin:true,plan_background:false,page_keep_old_mappings:false";
+    let conf = "plan:true,experimental.plan_pin:true,plan_background:false,experimental.page_keep_old_mappings:false";
     let gpt2 = &gen_trace::load_path(&dir.join("gpt2_train_fixed.csv.gz")).unwrap()[0];
     let (n, cut) = (gpt2.events.len(), gpt2.events.len() * 4 / 5);
     let moves = |s: &genpool::PoolStats| s.pages.steals;
     let (plan_cut, plan_all) = (replay_prefix(gpt2, cut, conf), replay_prefix(gpt2, n, conf));
-    let arena = "plan:false,page_keep_old_mappings:false";
+    let arena = "plan:false,experimental.page_keep_old_mappings:false";
     let (dflt_cut, dflt_all) = (
         replay_prefix(gpt2, cut, arena),
         replay_prefix(gpt2, n, arena),
@@ -630,7 +632,7 @@ fn iteration_marks_grow_page_headroom_until_moves_stop() {
     };
     // 8 of ~76 pages move each time: a headroom of ~11 % stops that (the default cap, 8 %, would not).
     let (moves, slack, held, in_use, slacks) = run(
-        "plan:false,page_slack_max:0.2,page_keep_old_mappings:false",
+        "plan:false,page_slack_max:0.2,experimental.page_keep_old_mappings:false",
         true,
     );
     // Growth follows the overshoot: here moves are a large share of an iteration's time (no device
@@ -654,7 +656,7 @@ fn iteration_marks_grow_page_headroom_until_moves_stop() {
         held as f64 <= (in_use as f64 * (1.0 + slack)).ceil(),
         "{held} pages held, {in_use} in use"
     );
-    let (moves, slack, ..) = run("plan:false,page_keep_old_mappings:false", true);
+    let (moves, slack, ..) = run("plan:false,experimental.page_keep_old_mappings:false", true);
     assert!(
         (slack - 0.08).abs() < 1e-9,
         "capped at page_slack_max: {slack}"
@@ -663,14 +665,17 @@ fn iteration_marks_grow_page_headroom_until_moves_stop() {
         moves[34..].iter().sum::<u64>() > 0,
         "too little headroom: {moves:?}"
     );
-    let (moves, slack, ..) = run("plan:false,page_keep_old_mappings:false", false);
+    let (moves, slack, ..) = run(
+        "plan:false,experimental.page_keep_old_mappings:false",
+        false,
+    );
     assert_eq!(slack, 0.0);
     assert!(
         moves[30..].iter().sum::<u64>() > 0,
         "no marks: still moving {moves:?}"
     );
     let (_, slack, ..) = run(
-        "plan:false,page_slack_max:0,page_keep_old_mappings:false",
+        "plan:false,page_slack_max:0,experimental.page_keep_old_mappings:false",
         true,
     );
     assert_eq!(slack, 0.0);
@@ -747,7 +752,7 @@ fn the_planner_sleeps_through_a_loop_that_moves_no_page() {
 fn the_planner_gives_up_on_random_shapes_and_not_on_a_loop() {
     let dir = trace_dir();
     // Old mappings unmapped: random shapes keep moving pages, which keeps the planner looking.
-    let conf = "plan_background:false,page_keep_old_mappings:false";
+    let conf = "plan_background:false,experimental.page_keep_old_mappings:false";
     let varlen = &gen_trace::load_path(&dir.join("gpt2m_train_varlen.csv.gz")).unwrap()[0];
     let s = replay_prefix(varlen, varlen.events.len(), conf);
     assert!(s.pages.steals > 0, "{:?}", s.pages);
@@ -755,7 +760,7 @@ fn the_planner_gives_up_on_random_shapes_and_not_on_a_loop() {
     let without = replay_prefix(
         varlen,
         varlen.events.len(),
-        "plan:false,page_keep_old_mappings:false",
+        "plan:false,experimental.page_keep_old_mappings:false",
     );
     assert_eq!(s.reserved_peak, without.reserved_peak);
     let gpt2 = &gen_trace::load_path(&dir.join("gpt2_train_fixed.csv.gz")).unwrap()[0];
@@ -790,7 +795,7 @@ fn moved_pages_come_back_through_old_mappings_on_gpt2() {
     let old = replay_prefix(
         gpt2,
         n,
-        "plan_background:false,page_keep_old_mappings:false",
+        "plan_background:false,experimental.page_keep_old_mappings:false",
     );
     assert!(
         all.pages.pages_peak <= old.pages.pages_peak,

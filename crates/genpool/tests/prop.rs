@@ -752,7 +752,7 @@ fn prop_all_tiers() {
     run(
         "prop_all_tiers",
         Setup {
-            conf: "mid_tier:stream,long_tier:buddy,slab_max_size:1M",
+            conf: "experimental.mid_tier:stream,experimental.long_tier:buddy,slab_max_size:1M",
             capacity: 512 * MIB,
             backed: false,
             huge: true,
@@ -768,7 +768,7 @@ fn prop_front_caches() {
     run(
         "prop_front_caches",
         Setup {
-            conf: "cache_max_bytes:48M,long_tier:buddy",
+            conf: "experimental.cache_max_bytes:48M,experimental.long_tier:buddy",
             capacity: 384 * MIB,
             backed: false,
             huge: true,
@@ -783,7 +783,7 @@ fn prop_backed_patterns() {
     run(
         "prop_backed_patterns",
         Setup {
-            conf: "mid_tier:stream,long_tier:buddy,slab_max_size:64K,cache_max_bytes:16M",
+            conf: "experimental.mid_tier:stream,experimental.long_tier:buddy,slab_max_size:64K,experimental.cache_max_bytes:16M",
             capacity: 256 * MIB,
             backed: true,
             huge: false,
@@ -800,7 +800,7 @@ fn cache_overflow_free_is_stream_ordered() {
     let dev = Arc::new(SimDevice::config().capacity(GIB).build().unwrap());
     let pool = Pool::new(
         dev.clone() as Arc<dyn Device>,
-        Config::parse("cache_max_bytes:4M").unwrap(),
+        Config::parse("experimental.cache_max_bytes:4M").unwrap(),
     )
     .unwrap();
     let (s, t) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
@@ -835,7 +835,7 @@ fn cache_solo_drain_is_stream_ordered() {
     // `a` goes straight back to `s`'s own arena and `t` allocates elsewhere: `stream_arenas_...` below.)
     let pool = Pool::new(
         dev.clone() as Arc<dyn Device>,
-        Config::parse("stream_arenas:false").unwrap(),
+        Config::parse("experimental.stream_arenas:false").unwrap(),
     )
     .unwrap();
     let (s, t) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
@@ -873,7 +873,10 @@ fn cache_solo_drain_is_stream_ordered() {
 #[test]
 fn stream_arenas_reuse_within_a_stream_and_never_across_it_early() {
     // With one arena for the first stream, or its three generation arenas.
-    for conf in ["page_slack:1.0", "page_slack:1.0,extent_generations:true"] {
+    for conf in [
+        "page_slack:1.0",
+        "page_slack:1.0,experimental.extent_generations:true",
+    ] {
         stream_arenas_case(conf);
     }
 }

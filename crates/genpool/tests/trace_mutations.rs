@@ -47,8 +47,8 @@ const GIB: u64 = 1 << 30;
 /// Engine configurations a case runs under (index 0, the default, is where failures shrink to).
 const CONFS: [&str; 3] = [
     "",
-    "mid_tier:stream,long_tier:buddy,slab_max_size:1M",
-    "cache_max_bytes:48M,long_tier:buddy",
+    "experimental.mid_tier:stream,experimental.long_tier:buddy,slab_max_size:1M",
+    "experimental.cache_max_bytes:48M,experimental.long_tier:buddy",
 ];
 
 /// Trace files, smallest first.

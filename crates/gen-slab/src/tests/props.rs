@@ -68,7 +68,7 @@ proptest! {
             class_span: if miri { 16 * MIB } else { 64 * MIB },
             max_slots_per_class: if miri { 4096 } else { 1 << 13 },
             shards: 2,
-            ..SlabConfig::default()
+            ..SlabConfig::wide()
         };
         let f = fixture(cfg);
         let s = &f.slab;
@@ -85,7 +85,7 @@ proptest! {
                         Ok(p) => p,
                         // Moving a free page (gen-vmm steals) synchronizes, which cannot complete while a
                         // stream is paused; nothing changed.
-                        Err(SlabError::Vmm(VmmError::Device(_))) if !paused.is_empty() => continue,
+                        Err(TierError::Vmm(VmmError::Device(_))) if !paused.is_empty() => continue,
                         Err(e) => return Err(TestCaseError::fail(format!("alloc: {e}"))),
                     };
                     let (_, cls) = s.class_of(size).unwrap();
@@ -126,7 +126,7 @@ proptest! {
                         if live.contains_key(&p) { continue; }
                         p
                     };
-                    let is_invalid = matches!(s.free(p, 0), Err(SlabError::InvalidFree { .. }));
+                    let is_invalid = matches!(s.free(p, 0), Err(TierError::InvalidFree { .. }));
                     prop_assert!(is_invalid);
                 }
                 Action::Pause { stream } => {
@@ -140,7 +140,7 @@ proptest! {
                 }
                 Action::Reclaim => match s.reclaim() {
                     Ok(_) => {}
-                    Err(SlabError::Device(_)) if !paused.is_empty() => {}
+                    Err(TierError::Device(_)) if !paused.is_empty() => {}
                     Err(e) => prop_assert!(false, "reclaim: {e}"),
                 },
             }
