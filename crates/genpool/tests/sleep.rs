@@ -243,7 +243,7 @@ fn bad_calls_get_typed_errors_and_change_nothing() {
     pool.free(a.ptr, 0).unwrap();
 
     // The driver's stream-ordered tier cannot sleep its live blocks.
-    let sp = pool_on(&dev, Config::parse("mid_tier:stream").unwrap());
+    let sp = pool_on(&dev, Config::parse("experimental.mid_tier:stream").unwrap());
     let m = sp.alloc(4 * MIB, 0, hint(Lifetime::Mid)).unwrap();
     assert_eq!(m.tier, Tier::Stream);
     assert!(matches!(sp.sleep(OFFLOAD), Err(SleepError::StreamTier { live }) if live == m.size));
@@ -499,6 +499,6 @@ proptest! {
     fn sleep_and_wake_with_old_mappings_off_and_eager_caches(
         ops in proptest::collection::vec(op(), 1..60)
     ) {
-        run(ops, Config::parse("page_keep_old_mappings:false,cache_max_bytes:64MiB").unwrap())?;
+        run(ops, Config::parse("experimental.page_keep_old_mappings:false,experimental.cache_max_bytes:64MiB").unwrap())?;
     }
 }
