@@ -305,7 +305,6 @@ def _oom_shim(lib_path: Path) -> Path:
     exception crashed the process instead of reaching Python.) A wrapper that exports its own
     ``__cxa_throw`` is refused."""
     import hashlib
-    import subprocess
 
     import torch
 
@@ -327,22 +326,9 @@ def _oom_shim(lib_path: Path) -> Path:
         str(lib_path), f"-L{torch_dir / 'lib'}", "-lc10",
         f"-Wl,-rpath,{torch_dir / 'lib'}", f"-Wl,-rpath,{lib_path.parent}",
     ]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
-        raise GenpoolError(f"`{' '.join(cmd)}` failed:\n{res.stderr[-2000:]}")
-    try:
-        nm = subprocess.run(["nm", "-D", "--defined-only", str(tmp)], capture_output=True, text=True)
-        private_runtime = nm.returncode == 0 and " __cxa_throw" in nm.stdout
-    except OSError:  # no nm: trust the compiler
-        private_runtime = False
-    if private_runtime:
-        os.unlink(tmp)
-        raise GenpoolError(
-            f"{cmd[0]} linked a private C++ runtime into the wrapper (it defines __cxa_throw), so its "
-            "exceptions cannot reach PyTorch; set GENPOOL_CXX to the system compiler (e.g. /usr/bin/c++)"
-        )
-    os.replace(tmp, so)  # atomic: concurrent processes never load a half-written file
-    return so
+    from .backend import compile_cached
+
+    return compile_cached(cmd, tmp, so, "the wrapper", GenpoolError)
 
 
 _FALLBACK_LIMITS = (

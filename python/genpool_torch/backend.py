@@ -130,12 +130,20 @@ def build(lib_path: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_dir / f"genpool_backend_{key}.{os.getpid()}.tmp"
     cmd = compile_command(lib_path, tmp, torch)
+    return compile_cached(cmd, tmp, so, "the backend", BackendError)
+
+
+def compile_cached(cmd: List[str], tmp: Path, so: Path, what: str, error=None) -> Path:
+    """Run the compile command `cmd` (which writes `tmp`), refuse a result with a private C++ runtime,
+    and move it to `so` atomically (concurrent processes never load a half-written file). Failures raise
+    `error` (default `BackendError`) naming `what` was built."""
+    error = error or BackendError
     try:
         res = subprocess.run(cmd, capture_output=True, text=True)
     except OSError as e:
-        raise BackendError(f"no C++ compiler ({cmd[0]}: {e}); set GENPOOL_CXX") from e
+        raise error(f"no C++ compiler ({cmd[0]}: {e}); set GENPOOL_CXX") from e
     if res.returncode != 0:
-        raise BackendError(f"building the backend failed:\n{' '.join(cmd)}\n{res.stderr[-3000:]}")
+        raise error(f"building {what} failed:\n{' '.join(cmd)}\n{res.stderr[-3000:]}")
     try:
         nm = subprocess.run(["nm", "-D", "--defined-only", str(tmp)], capture_output=True, text=True)
         private_runtime = nm.returncode == 0 and " __cxa_throw" in nm.stdout
@@ -143,11 +151,11 @@ def build(lib_path: Path) -> Path:
         private_runtime = False
     if private_runtime:
         os.unlink(tmp)
-        raise BackendError(
-            f"{cmd[0]} linked a private C++ runtime into the backend (it defines __cxa_throw), so its "
+        raise error(
+            f"{cmd[0]} linked a private C++ runtime into {what} (it defines __cxa_throw), so its "
             "exceptions cannot reach PyTorch; set GENPOOL_CXX to the system compiler (e.g. /usr/bin/c++)"
         )
-    os.replace(tmp, so)  # atomic: concurrent processes never load a half-written file
+    os.replace(tmp, so)
     return so
 
 

@@ -251,6 +251,21 @@ class InstallTest(unittest.TestCase):
         self.assertIn("-ltorch_cuda", cmd)
         self.assertTrue((b.header_dir() / "genpool.h").is_file())
 
+    def test_compiles_are_checked_and_land_atomically(self):
+        import tempfile
+        import genpool_torch.backend as b
+        with tempfile.TemporaryDirectory() as d:
+            tmp, so = Path(d) / "x.tmp", Path(d) / "x.so"
+            with self.assertRaises(b.BackendError) as ctx:
+                b.compile_cached([sys.executable, "-c", "import sys; sys.exit(3)"], tmp, so, "the thing")
+            self.assertIn("building the thing failed", str(ctx.exception))
+            with self.assertRaises(gt.GenpoolError):
+                b.compile_cached(["/nonexistent/c++"], tmp, so, "the thing", gt.GenpoolError)
+            ok = b.compile_cached([sys.executable, "-c", f"open({str(tmp)!r}, 'w').write('lib')"], tmp, so, "x")
+            self.assertEqual(ok, so)
+            self.assertEqual(so.read_text(), "lib")
+            self.assertFalse(tmp.exists(), "moved, not copied")
+
     def test_without_torch(self):
         with mock.patch.dict(sys.modules, {"torch": None}):
             with self.assertRaises(gt.GenpoolInstallError) as ctx:
