@@ -390,9 +390,9 @@ fn analyze_honours_genpool_conf() {
     };
     let default = run("");
     assert_ne!(
-        run("routing:single"),
+        run("experimental.routing:single"),
         default,
-        "routing:single changes the engine's layout"
+        "experimental.routing:single changes the engine's layout"
     );
 }
 
