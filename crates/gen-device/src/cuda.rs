@@ -76,16 +76,8 @@ fn host_range(
     offset: u64,
     bytes: u64,
 ) -> Result<u64> {
-    let Some(&len) = hosts.get(&host.0) else {
-        return Err(inval(call, format!("unknown pinned buffer {:#x}", host.0)));
-    };
-    match offset.checked_add(bytes) {
-        Some(end) if end <= len => Ok(host.0 + offset),
-        _ => Err(inval(
-            call,
-            format!("[{offset:#x}, +{bytes:#x}) is outside the pinned buffer of {len:#x} bytes"),
-        )),
-    }
+    crate::check_host_range(call, host, hosts.get(&host.0).copied(), offset, bytes)?;
+    Ok(host.0 + offset)
 }
 
 fn inval(call: &'static str, detail: impl Into<String>) -> DeviceError {

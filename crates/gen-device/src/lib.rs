@@ -332,6 +332,27 @@ pub trait Device: Send + Sync + fmt::Debug {
     }
 }
 
+/// The check both devices make before a pinned-buffer copy: `host` is a live buffer (`len` is its size,
+/// `None` for an unknown handle) and `[offset, offset + bytes)` lies inside it.
+pub(crate) fn check_host_range(
+    call: &'static str,
+    host: HostHandle,
+    len: Option<u64>,
+    offset: u64,
+    bytes: u64,
+) -> Result<()> {
+    let invalid = |detail: String| DeviceError::InvalidArgument { call, detail };
+    let Some(len) = len else {
+        return Err(invalid(format!("unknown pinned buffer {:#x}", host.0)));
+    };
+    match offset.checked_add(bytes) {
+        Some(end) if end <= len => Ok(()),
+        _ => Err(invalid(format!(
+            "[{offset:#x}, +{bytes:#x}) is outside the pinned buffer of {len:#x} bytes"
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

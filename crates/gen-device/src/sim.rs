@@ -793,18 +793,8 @@ impl State {
         offset: u64,
         bytes: u64,
     ) -> Result<()> {
-        let Some((len, _)) = self.hosts.get(&host.0) else {
-            return Err(inval(call, format!("unknown pinned buffer {:#x}", host.0)));
-        };
-        match offset.checked_add(bytes) {
-            Some(end) if end <= *len => Ok(()),
-            _ => Err(inval(
-                call,
-                format!(
-                    "[{offset:#x}, +{bytes:#x}) is outside the pinned buffer of {len:#x} bytes"
-                ),
-            )),
-        }
+        let len = self.hosts.get(&host.0).map(|(len, _)| *len);
+        crate::check_host_range(call, host, len, offset, bytes)
     }
 
     fn data(&self, t: Target) -> &Sparse {

@@ -100,19 +100,7 @@ impl PagePool {
             ..Slept::default()
         };
         // Every page referenced by a live block, in (region, page) order.
-        let live: Vec<(u32, u32)> = g
-            .regions
-            .iter()
-            .enumerate()
-            .filter_map(|(rid, r)| r.as_ref().map(|r| (rid as u32, r)))
-            .flat_map(|(rid, r)| {
-                r.hot
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, p)| p.refs > 0 && p.backed())
-                    .map(move |(pidx, _)| (rid, pidx as u32))
-            })
-            .collect();
+        let live = referenced_pages(&g, true);
         // Offload first, so that a failure leaves everything mapped.
         let mut slots = HashMap::new();
         let mut host = None;
@@ -207,19 +195,7 @@ impl PagePool {
         let Some(sleep) = g.sleep.take() else {
             return Err(VmmError::NotAsleep);
         };
-        let todo: Vec<(u32, u32)> = g
-            .regions
-            .iter()
-            .enumerate()
-            .filter_map(|(rid, r)| r.as_ref().map(|r| (rid as u32, r)))
-            .flat_map(|(rid, r)| {
-                r.hot
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, p)| p.refs > 0 && !p.backed())
-                    .map(move |(pidx, _)| (rid, pidx as u32))
-            })
-            .collect();
+        let todo = referenced_pages(&g, false);
         debug_assert_eq!(todo.len() as u64, sleep.pages, "asleep pages counted");
         let n = todo.len() as u64;
         // Pages: cached handles first (a release that failed at sleep), then new ones.
@@ -439,4 +415,21 @@ impl PagePool {
             .base
             + pidx as u64 * self.page
     }
+}
+
+/// Every page a live block references whose physical page is mapped (`backed`) or not, in (region,
+/// page) order: what a sleep unmaps, what a wake maps again.
+fn referenced_pages(g: &Inner, backed: bool) -> Vec<(u32, u32)> {
+    g.regions
+        .iter()
+        .enumerate()
+        .filter_map(|(rid, r)| r.as_ref().map(|r| (rid as u32, r)))
+        .flat_map(|(rid, r)| {
+            r.hot
+                .iter()
+                .enumerate()
+                .filter(move |(_, p)| p.refs > 0 && p.backed() == backed)
+                .map(move |(pidx, _)| (rid, pidx as u32))
+        })
+        .collect()
 }
