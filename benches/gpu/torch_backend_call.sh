@@ -3,14 +3,16 @@
 # .gpu/bin/libgenpool_torch.so and the bundled traces and benches/gpu anchors). Builds the C++ backend against the
 # machine's torch, runs the compatibility suite under native / expandable_segments / genpool, and the
 # anchors' replay and thread benchmarks through PyTorch's entry points with genpool's backend and with the
-# pluggable fallback. Logs under $OUT; the tables last. STEPS picks steps (default: all).
+# pluggable fallback, conv-net training with cudnn.benchmark under three allocators, and compute-sanitizer
+# memcheck over probes under genpool. Logs under $OUT; the tables last. STEPS picks steps (default: all;
+# session 8's second call was STEPS=compat,threads,train,memcheck).
 set -uo pipefail
 G=${G:-.gpu}
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" GENPOOL_LIB="$PWD/$G/bin/libgenpool_torch.so"
 export GENPOOL_SHIM_DIR=/tmp/genpool_cache
-STEPS=${STEPS:-build,compat,replay,threads}
+STEPS=${STEPS:-build,compat,replay,threads,train,memcheck}
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; python3 -c 'import torch; print("torch", torch.__version__)'; c++ --version | head -1; } > "$OUT/machine.txt" 2>&1
 if has build; then
@@ -32,7 +34,18 @@ if has threads; then
   timeout 200 python3 benches/gpu/torch_threads.py --modes native,expandable,genpool > "$OUT/threads.jsonl" 2> "$OUT/threads.err"
   GENPOOL_TORCH_BACKEND=pluggable timeout 120 python3 benches/gpu/torch_threads.py --modes genpool > "$OUT/threads_pluggable.jsonl" 2>> "$OUT/threads.err"
 fi
+if has train; then
+  for m in native expandable genpool; do
+    timeout 45 python3 benches/gpu/train_conv.py $m --steps 30 >> "$OUT/train.jsonl" 2>> "$OUT/train.err"
+  done
+fi
+if has memcheck; then
+  timeout 130 compute-sanitizer --tool memcheck --error-exitcode 9 python3 benches/gpu/compat.py \
+    --probe memory_stats,record_stream,empty_cache,memory_history_snapshot,cudnn_benchmark,cuda_graph_capture,mempool,out_of_memory \
+    --mode genpool > "$OUT/memcheck.log" 2>&1; echo "memcheck exit $?" >> "$OUT/memcheck.log"
+  grep -E "ERROR SUMMARY|memcheck exit" "$OUT/memcheck.log"
+fi
 cat "$OUT/machine.txt"
 tail -3 "$OUT"/*.err 2>/dev/null | tail -20
-cat "$OUT/replay.jsonl" "$OUT/replay_pluggable.jsonl" "$OUT/threads.jsonl" "$OUT/threads_pluggable.jsonl" 2>/dev/null
+cat "$OUT/replay.jsonl" "$OUT/replay_pluggable.jsonl" "$OUT/threads.jsonl" "$OUT/threads_pluggable.jsonl" "$OUT/train.jsonl" 2>/dev/null
 cat "$OUT/compat.log" 2>/dev/null | tail -40
