@@ -889,6 +889,35 @@ impl SimDevice {
         Ok(())
     }
 
+    /// Whether work enqueued on `stream` from now on waits for work of `producer` not yet complete (a
+    /// [`Device::stream_wait_event`] on an event recorded there, still pending): what tests check when a
+    /// block freed on a paused stream is handed to another stream.
+    /// Transitive: a wait on a third stream's operation that itself waits on `producer` counts.
+    pub fn waits_on(&self, stream: StreamId, producer: StreamId) -> bool {
+        let st = self.state.lock();
+        // (stream, up to which of its operations) still to look at.
+        let mut todo = vec![(stream, u64::MAX)];
+        let mut seen = std::collections::HashSet::new();
+        while let Some((s, upto)) = todo.pop() {
+            if !seen.insert((s, upto)) {
+                continue;
+            }
+            let Some(ss) = st.streams.get(&s) else {
+                continue;
+            };
+            for &(pos, dep_s, dep_seq) in &ss.waits {
+                if pos > upto || st.op_done(dep_s, dep_seq) {
+                    continue;
+                }
+                if dep_s == producer {
+                    return true;
+                }
+                todo.push((dep_s, dep_seq));
+            }
+        }
+        false
+    }
+
     /// How many calls of each kind this device has received.
     pub fn calls(&self) -> SimCalls {
         SimCalls {

@@ -217,6 +217,13 @@ impl ExtentArena {
         Ok(size)
     }
 
+    /// Say that every block of this arena is used on `stream` (see [`gen_vmm::Region::set_stream`]): with
+    /// several streams its pages then move to and from other streams' regions under events, not device
+    /// synchronizes.
+    pub fn set_stream(&self, stream: Option<gen_device::StreamId>) {
+        self.region.set_stream(stream);
+    }
+
     /// Whether `ptr` lies in the arena's address range. Lock-free: a range check for routing frees, not
     /// a liveness check.
     #[inline]

@@ -484,10 +484,21 @@ impl Slab {
     /// A failed device synchronize: chunks that were already safe are still decommitted, the others are
     /// kept, and the first error is returned after every class was processed.
     pub fn reclaim(&self) -> Result<u64, TierError> {
+        self.reclaim_with(true)
+    }
+
+    /// [`reclaim`](Self::reclaim) without a synchronize: chunks whose slots are not safe without one
+    /// (freed on several streams, or in a pending batch) stay. For callers about to take memory from
+    /// elsewhere, not out of it.
+    pub fn reclaim_idle(&self) -> Result<u64, TierError> {
+        self.reclaim_with(false)
+    }
+
+    fn reclaim_with(&self, may_sync: bool) -> Result<u64, TierError> {
         let mut released = 0;
         let mut first_err = None;
         for c in self.class.iter() {
-            match self.reclaim_class(c, first_err.is_none()) {
+            match self.reclaim_class(c, may_sync && first_err.is_none()) {
                 Ok(b) => released += b,
                 Err((b, e)) => {
                     released += b;
@@ -653,6 +664,7 @@ impl Slab {
         let synced = self.device.synchronize();
         if synced.is_ok() {
             self.counters.synchronizes.fetch_add(1, Relaxed);
+            self.region.pool().synchronized();
         } else if let Err(e) = &synced {
             log::warn!(
                 "gen-slab: synchronize at the second stream failed ({e}); frees stay per stream"
@@ -693,12 +705,29 @@ impl Slab {
                 return Ok(self.hand_out(c, slot));
             }
         }
+        // Another stream's free slots, usable at once: this stream waits (on the device) for that
+        // stream's work so far.
+        if let (Some(own), Some(t)) = (own, t) {
+            if self.take_ordered(c, own, t, stream) {
+                if let Some(slot) = own.pop() {
+                    return Ok(self.hand_out(c, slot));
+                }
+            }
+        }
         if self.migrate(c, &mut g, t)? && self.poll_pending(&mut g, idle)? {
             if let Some(slot) = idle.pop() {
                 return Ok(self.hand_out(c, slot));
             }
         }
-        let fail = match self.carve(c, &mut g, idle, false) {
+        // Several streams: a chunk is carved for this stream (its pages may have served another
+        // stream's slots, still queued there: the page layer makes this stream wait on that one) and its
+        // slots go to this stream's list, not the idle one.
+        let several = !self.one_stream.load(Acquire) && self.streams.count.load(Acquire) > 1;
+        let carve_for = match (several, own, t) {
+            (true, Some(own), Some(t)) => Some((own, stream, t)),
+            _ => None,
+        };
+        let fail = match self.carve(c, &mut g, idle, false, carve_for) {
             Ok(slot) => return Ok(self.hand_out(c, slot)),
             Err(Ok(fail)) => fail,
             Err(Err(e)) => return Err(e),
@@ -710,7 +739,7 @@ impl Slab {
             }
         }
         let fail = match fail {
-            CarveFail::WouldGrow(_) if grow => match self.carve(c, &mut g, idle, true) {
+            CarveFail::WouldGrow(_) if grow => match self.carve(c, &mut g, idle, true, carve_for) {
                 Ok(slot) => return Ok(self.hand_out(c, slot)),
                 Err(Ok(fail)) => fail,
                 Err(Err(e)) => return Err(e),
@@ -735,6 +764,8 @@ impl Slab {
         g: &mut ClassSlow,
         idle: &FrontCache,
         grow: bool,
+        // `(its list, the stream, its slot)`: carve for one stream of several (see `alloc_slow`).
+        for_stream: Option<(&FrontCache, StreamId, usize)>,
     ) -> Result<u32, Result<CarveFail, TierError>> {
         let n_chunks = c.capacity / c.slots_per_chunk;
         let (k, fresh) = match g.released.last() {
@@ -743,11 +774,17 @@ impl Slab {
             None => return Err(Ok(CarveFail::Full)),
         };
         let off = c.offset + u64::from(k) * c.chunk_len;
-        match self.region.commit(off, c.chunk_len, grow) {
-            Ok(()) => {}
+        // `ordered`: the stream was made to wait on another stream's work on these pages — the slots are
+        // safe on it alone.
+        let committed = match for_stream {
+            Some((_, stream, _)) => self.region.commit_for(off, c.chunk_len, grow, stream),
+            None => self.region.commit(off, c.chunk_len, grow).map(|()| false),
+        };
+        let ordered = match committed {
+            Ok(ordered) => ordered,
             Err(VmmError::WouldGrow { pages }) => return Err(Ok(CarveFail::WouldGrow(pages))),
             Err(e) => return Err(Err(e.into())),
-        }
+        };
         if fresh {
             g.carved += 1;
             g.committed.push(true);
@@ -766,7 +803,10 @@ impl Slab {
         let first = k * c.slots_per_chunk;
         g.scratch.clear();
         g.scratch.extend(first + 1..first + c.slots_per_chunk);
-        idle.global().push_chain(&g.scratch);
+        match for_stream {
+            Some((own, _, _)) if ordered => own.global().push_chain(&g.scratch),
+            _ => idle.global().push_chain(&g.scratch),
+        }
         Ok(first)
     }
 
@@ -831,6 +871,43 @@ impl Slab {
 
     /// Take a batch from every other stream's list that has free slots, each under one event recorded on
     /// its stream after the frees. True if any batch was taken.
+    /// Move up to [`MIGRATE_BATCH`] free slots of another stream's list to `own` (stream `stream`, slot
+    /// `t`), after making `stream` wait on the device for everything queued on that stream so far
+    /// ([`gen_vmm::PagePool::order_after`]): a migration with no host wait and nothing pending. False
+    /// when no other stream has free slots, or ordering failed (then nothing moved).
+    fn take_ordered(&self, c: &Class, own: &FrontCache, t: usize, stream: StreamId) -> bool {
+        let n = self.streams.count.load(Acquire);
+        for s in (0..n).filter(|&s| s != t) {
+            let Some(list) = c.lists[s].get() else {
+                continue;
+            };
+            let mut batch = Vec::new();
+            while batch.len() < MIGRATE_BATCH {
+                match list.pop() {
+                    Some(slot) => batch.push(slot),
+                    None => break,
+                }
+            }
+            if batch.is_empty() {
+                continue;
+            }
+            let from = self.streams.ids[s].load(Relaxed);
+            match self.region.pool().order_after(stream, from) {
+                Ok(()) => {
+                    own.global().push_chain(&batch);
+                    self.counters.migrations.fetch_add(1, Relaxed);
+                    return true;
+                }
+                Err(e) => {
+                    log::debug!("gen-slab: ordering stream {stream:#x} after {from:#x}: {e}");
+                    list.global().push_chain(&batch);
+                    return false;
+                }
+            }
+        }
+        false
+    }
+
     fn migrate(&self, c: &Class, g: &mut ClassSlow, own: Option<usize>) -> Result<bool, TierError> {
         let n = self.streams.count.load(Acquire);
         let mut any = false;
@@ -941,6 +1018,47 @@ impl Slab {
             unsafe_in[k] |= o == PENDING || (o != IDLE as u8 && !one_stream);
         }
         let full = |k: usize| g.committed[k] && free_in[k] == spc;
+        // Several streams: when every stream slot of the empty chunks came from one stream (no pending
+        // batch among them), their pages are decommitted stamped with it — the page layer orders any
+        // later user after that stream's fence — and need no synchronize.
+        // Per chunk: the stream lists its slots came from (a bit per list), and whether one sits in a
+        // pending batch. Several streams: an empty chunk with no pending slot goes without a
+        // synchronize, its pages stamped with one of those streams — the others' work ordered before
+        // that stream's by an event it waits on (`PagePool::order_after`), when there are others.
+        let mut lists_in = vec![0u16; free_in.len()];
+        let mut pending_in = vec![false; free_in.len()];
+        let mut stamp: Vec<Option<StreamId>> = vec![None; free_in.len()];
+        if !one_stream {
+            for &(s, o) in &taken {
+                let k = (s / spc) as usize;
+                if o == PENDING {
+                    pending_in[k] = true;
+                } else if o != IDLE as u8 {
+                    lists_in[k] |= 1 << o;
+                }
+            }
+            let pool = self.region.pool();
+            for k in 0..free_in.len() {
+                if !full(k) || pending_in[k] || lists_in[k] == 0 {
+                    continue;
+                }
+                let anchor = lists_in[k].trailing_zeros() as usize;
+                let anchor_stream = self.streams.ids[anchor].load(Acquire);
+                let mut ordered = true;
+                for t in (anchor + 1..STREAM_SLOTS).filter(|&t| lists_in[k] & (1 << t) != 0) {
+                    let other = self.streams.ids[t].load(Acquire);
+                    if let Err(e) = pool.order_after(anchor_stream, other) {
+                        log::debug!("gen-slab: ordering streams for a reclaim: {e}");
+                        ordered = false;
+                        break;
+                    }
+                }
+                if ordered {
+                    stamp[k] = Some(anchor_stream);
+                    unsafe_in[k] = false;
+                }
+            }
+        }
         let mut err = None;
         let mut synced = false;
         if may_sync && (0..free_in.len()).any(|k| full(k) && unsafe_in[k]) {
@@ -948,6 +1066,8 @@ impl Slab {
                 Ok(()) => {
                     synced = true;
                     self.counters.synchronizes.fetch_add(1, Relaxed);
+                    // Every page freed so far is idle: the page layer need not wait for them again.
+                    self.region.pool().synchronized();
                 }
                 Err(e) => err = Some(TierError::from(e)),
             }
@@ -984,8 +1104,11 @@ impl Slab {
             debug_assert!(c.live[k * spc as usize..(k + 1) * spc as usize]
                 .iter()
                 .all(|b| b.load(Relaxed) == 0));
-            self.region
-                .decommit(c.offset + k as u64 * c.chunk_len, c.chunk_len);
+            let (off, len) = (c.offset + k as u64 * c.chunk_len, c.chunk_len);
+            match stamp[k].filter(|_| !synced) {
+                Some(stream) => self.region.decommit_for(off, len, stream),
+                None => self.region.decommit(off, len),
+            }
             g.committed[k] = false;
             g.released.push(k as u32);
             for p in self.pages_of(c, k as u32) {

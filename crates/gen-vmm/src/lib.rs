@@ -178,6 +178,10 @@ pub struct PagePoolStats {
     pub aliases: u64,
     /// Device synchronizations done to move pages (several streams, or a zombie mapping in the way).
     pub syncs: u64,
+    /// Several streams: moves of a page still possibly in use by another stream's queued work, ordered
+    /// by making the new stream wait on a fence of the old one (`cuStreamWaitEvent`) instead of a
+    /// device synchronize.
+    pub stream_waits: u64,
     /// Fences (events) recorded to learn when freed pages and old mappings are idle.
     pub fences: u64,
     /// Old mappings left behind by moves and not unmapped yet.
@@ -242,6 +246,15 @@ impl PageHot {
         self.word = (self.word & 1) | ((epoch as u32) << 1);
     }
 
+    /// The full epoch the page was last freed at, given the pool's epoch `now` (the page keeps it modulo
+    /// 2^31; exact for a page freed within the last 2^31 fences, which every warm page is).
+    #[inline]
+    fn freed_epoch(self, now: u64) -> u64 {
+        let m = u64::from(self.word >> 1);
+        let back = (now & 0x7FFF_FFFF).wrapping_sub(m) & 0x7FFF_FFFF;
+        now.saturating_sub(back)
+    }
+
     /// Whether the page was freed at an epoch ≥ `done_epoch` (its last users may still run). The epoch is
     /// kept modulo 2^31 and compared within a window of 2^30 fences: a page freed more than 2^30 fences
     /// before `done_epoch` reads as warm, the safe side (it waits for a fence or a synchronize before it
@@ -293,6 +306,10 @@ mod page_hot_tests {
 #[derive(Clone, Copy, Debug, Default)]
 struct Page {
     handle: Option<PhysHandle>,
+    /// Regions of no stream of their own (the slab's): the streams whose work used the page's freed
+    /// bytes since it was last idle, a bit per entry of [`Inner::stream_fences`] ([`Region::decommit_for`]),
+    /// [`UNKNOWN_STREAM`] for a free with no stream. 0: none.
+    freed_on: u64,
     /// The address still maps a physical page that a move gave to another address (a *zombie*
     /// mapping); the page has no handle of its own meanwhile.
     zombie: Option<Zombie>,
@@ -302,14 +319,21 @@ struct Page {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Zombie {
     /// Work queued before the move may still use the mapping: it may be unmapped once a fence of this
-    /// epoch or later has completed.
+    /// epoch or later has completed (on `stream`, when set: see [`StreamFences`]).
     epoch: u64,
+    /// The stream whose fence covers the mapping's last users (several streams); `None`: the device-wide
+    /// fences (one stream) or a synchronize.
+    stream: Option<StreamId>,
     /// The physical page it maps (now owned by another address, cached, or mapped nowhere else).
     handle: PhysHandle,
 }
 
 struct RegionPages {
     name: &'static str,
+    /// The stream all work on this region's blocks runs on, when its owner says so
+    /// ([`Region::set_stream`]): with several streams, a page freed here and moved to another region is
+    /// ordered after this stream's work by an event instead of a device synchronize.
+    stream: Option<StreamId>,
     base: DevicePtr,
     pages: Vec<Page>,
     hot: Vec<PageHot>,
@@ -348,11 +372,50 @@ struct Inner {
     owners: HashMap<u64, (u32, u32)>,
     /// A zombie made during this commit may still be in use: the commit records a fence at its end.
     unfenced: bool,
+    /// The stream the commit in progress is for (explicit, else its region's): moves into it wait on
+    /// the fences of the streams that last used the pages (see [`PagePool::settle`]).
+    committing_for: Option<StreamId>,
+    /// The commit in progress reused pages still in use by queued work (of `committing_for`, which is
+    /// ordered after it by stream order, or of other streams it was made to wait on): what it committed
+    /// is safe on `committing_for` alone.
+    commit_ordered: bool,
     /// `Some` while the pool is asleep (see [`PagePool::sleep`]).
     sleep: Option<sleep::Sleep>,
+    /// Fences per stream, for moves between regions of different streams (several streams).
+    stream_fences: Vec<StreamFences>,
     /// A pinned host buffer kept from the last wake for the next offload: (buffer, bytes).
     spare_host: Option<(gen_device::HostHandle, u64)>,
 }
+
+/// The fences recorded on one stream (several streams: see [`PagePool::settle`]). Epochs come from the
+/// pool's one counter ([`Inner::epoch`]), so a page freed at epoch `e` in a region of this stream is
+/// idle once a fence of epoch `>= e` recorded here has completed: every fence records everything queued
+/// on the stream before it, and the free was queued before.
+#[derive(Debug)]
+struct StreamFences {
+    stream: StreamId,
+    /// Recorded, not yet seen complete, oldest first.
+    fences: VecDeque<(u64, EventHandle)>,
+    /// Everything of this stream stamped with an epoch `< done` is complete.
+    done: u64,
+}
+
+/// How a free page about to serve another address stands with the work that last used it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Settled {
+    /// No queued work can use it.
+    Idle,
+    /// One stream: stream order keeps the new work after the old; a fence recorded at the end of the
+    /// commit covers the old mapping.
+    Warm,
+    /// Several streams: the committing stream was made to wait on this fence of the page's stream (no
+    /// host wait); the old mapping is idle once it completes.
+    Fenced { stream: StreamId, epoch: u64 },
+}
+
+/// [`Page::freed_on`]: freed with no stream known (or past the streams a mask can name): moving or
+/// reusing the page for another stream synchronizes the device.
+const UNKNOWN_STREAM: u64 = 1 << 63;
 
 /// Old mappings kept at least, with [`PagePoolConfig::keep_old_mappings`] (else as many as pages held).
 const MIN_OLD_MAPPINGS: u64 = 64;
@@ -417,6 +480,9 @@ impl PagePool {
                 zombies: VecDeque::new(),
                 owners: HashMap::new(),
                 unfenced: false,
+                committing_for: None,
+                commit_ordered: false,
+                stream_fences: Vec::new(),
                 sleep: None,
                 spare_host: None,
             }),
@@ -516,6 +582,21 @@ impl PagePool {
         self.inner.lock().fence_stream = stream;
     }
 
+    /// Make future work on `stream` wait for everything queued on `after` so far: a fence recorded on
+    /// `after` (or the newest one, when nothing was freed since), waited on by `stream` on the device
+    /// (`cuStreamWaitEvent`). No host wait. Nothing to do when they are the same stream.
+    pub fn order_after(&self, stream: StreamId, after: StreamId) -> Result<(), VmmError> {
+        if stream == after {
+            return Ok(());
+        }
+        let mut g = self.inner.lock();
+        let now = g.epoch;
+        let (ev, _) = self.fence_on(&mut g, after, now)?;
+        self.device.stream_wait_event(stream, ev)?;
+        g.stats.stream_waits += 1;
+        Ok(())
+    }
+
     /// Tell the pool the device has just been synchronized: every page freed so far is idle, and old
     /// mappings left by moves can go (those past the number kept, with
     /// [`PagePoolConfig::keep_old_mappings`]).
@@ -534,6 +615,107 @@ impl PagePool {
         while let Some((_, ev)) = g.fences.pop_front() {
             g.spare_events.push(ev);
         }
+        let Inner {
+            stream_fences,
+            spare_events,
+            done_epoch,
+            ..
+        } = g;
+        for sf in stream_fences.iter_mut() {
+            spare_events.extend(sf.fences.drain(..).map(|(_, ev)| ev));
+            sf.done = *done_epoch;
+        }
+    }
+
+    /// Whether a page or mapping stamped with `epoch` is idle: a device-wide fence (one stream) or a
+    /// synchronize has passed it, or a fence of `stream` has.
+    fn idle(g: &Inner, stream: Option<StreamId>, epoch: u64) -> bool {
+        epoch < g.done_epoch
+            || stream.is_some_and(|s| {
+                g.stream_fences
+                    .iter()
+                    .any(|sf| sf.stream == s && epoch < sf.done)
+            })
+    }
+
+    /// The [`Page::freed_on`] bit of `stream` (its entry in the stream fences, made if new).
+    fn stream_bit(g: &mut Inner, stream: StreamId) -> u64 {
+        let i = match g.stream_fences.iter().position(|sf| sf.stream == stream) {
+            Some(i) => i,
+            None => {
+                g.stream_fences.push(StreamFences {
+                    stream,
+                    fences: VecDeque::new(),
+                    done: 0,
+                });
+                g.stream_fences.len() - 1
+            }
+        };
+        if i < 63 {
+            1 << i
+        } else {
+            UNKNOWN_STREAM
+        }
+    }
+
+    /// The streams of a [`Page::freed_on`] mask, or `None` when it holds [`UNKNOWN_STREAM`].
+    fn mask_streams(g: &Inner, mask: u64) -> Option<Vec<StreamId>> {
+        if mask & UNKNOWN_STREAM != 0 {
+            return None;
+        }
+        Some(
+            (0..63)
+                .filter(|i| mask & (1 << i) != 0)
+                .filter_map(|i| g.stream_fences.get(i).map(|sf| sf.stream))
+                .collect(),
+        )
+    }
+
+    /// A fence on `stream` covering everything queued there up to epoch `epoch`: the newest one recorded
+    /// there if it is that recent, else a new one. Returns its event and epoch.
+    fn fence_on(
+        &self,
+        g: &mut Inner,
+        stream: StreamId,
+        epoch: u64,
+    ) -> Result<(EventHandle, u64), VmmError> {
+        let i = match g.stream_fences.iter().position(|sf| sf.stream == stream) {
+            Some(i) => i,
+            None => {
+                g.stream_fences.push(StreamFences {
+                    stream,
+                    fences: VecDeque::new(),
+                    done: 0,
+                });
+                g.stream_fences.len() - 1
+            }
+        };
+        if let Some(&(e, ev)) = g.stream_fences[i].fences.back() {
+            if e >= epoch {
+                return Ok((ev, e));
+            }
+        }
+        if g.stream_fences[i].fences.len() >= MAX_FENCES {
+            // Bound the queue: wait for the oldest (the device lags far behind this stream's fences).
+            if let Some((e, ev)) = g.stream_fences[i].fences.pop_front() {
+                self.device.event_synchronize(ev)?;
+                g.stream_fences[i].done = g.stream_fences[i].done.max(e + 1);
+                g.spare_events.push(ev);
+            }
+        }
+        let ev = match g.spare_events.pop() {
+            Some(ev) => ev,
+            None => self.device.event_create()?,
+        };
+        if let Err(e) = self.device.event_record(ev, stream) {
+            g.spare_events.push(ev);
+            return Err(e.into());
+        }
+        let e = g.epoch;
+        g.stream_fences[i].fences.push_back((e, ev));
+        g.epoch += 1;
+        g.stats.fences += 1;
+        Ok((ev, e))
     }
 
     /// The oldest fence has completed: everything freed up to its epoch is idle; its event is reused.
@@ -555,6 +737,27 @@ impl PagePool {
                     // A fence that cannot be queried is treated as pending; a synchronize clears it.
                     log::debug!("gen-vmm: querying a fence: {e}");
                     break;
+                }
+            }
+        }
+        let Inner {
+            stream_fences,
+            spare_events,
+            ..
+        } = g;
+        for sf in stream_fences.iter_mut() {
+            while let Some(&(e, ev)) = sf.fences.front() {
+                match self.device.event_query(ev) {
+                    Ok(true) => {
+                        sf.fences.pop_front();
+                        sf.done = sf.done.max(e + 1);
+                        spare_events.push(ev);
+                    }
+                    Ok(false) => break,
+                    Err(err) => {
+                        log::debug!("gen-vmm: querying a stream's fence: {err}");
+                        break;
+                    }
                 }
             }
         }
@@ -617,15 +820,23 @@ impl PagePool {
         };
         let mut live = g.stats.zombies;
         let mut ready = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         while live > keep {
             let Some(&(epoch, rid, pidx)) = g.zombies.front() else {
                 break;
             };
-            if epoch >= g.done_epoch {
+            let stream = g.regions[rid as usize]
+                .as_ref()
+                .and_then(|r| r.pages[pidx as usize].zombie)
+                .filter(|z| z.epoch == epoch)
+                .and_then(|z| z.stream);
+            if !Self::idle(g, stream, epoch) {
                 break;
             }
             g.zombies.pop_front();
-            if zombie_epoch(&g.regions, rid, pidx) == Some(epoch) {
+            // An address can be queued twice with one epoch (a zombie taken back, then made again
+            // before any fence): count it once.
+            if zombie_epoch(&g.regions, rid, pidx) == Some(epoch) && seen.insert((rid, pidx)) {
                 ready.push((rid, pidx));
                 live -= 1;
             }
@@ -680,18 +891,24 @@ impl PagePool {
 
     /// Make `(rid, pidx)` a zombie mapping of `handle`, which moves elsewhere (or back). `warm`: work
     /// queued before now may still use it (a fence recorded at the end of the commit covers it).
-    fn make_zombie(g: &mut Inner, rid: u32, pidx: u32, handle: PhysHandle, warm: bool) {
-        let epoch = if warm {
-            g.unfenced = true;
-            g.epoch
-        } else {
+    fn make_zombie(g: &mut Inner, rid: u32, pidx: u32, handle: PhysHandle, how: Settled) {
+        let (epoch, stream) = match how {
+            Settled::Warm => {
+                g.unfenced = true;
+                (g.epoch, None)
+            }
+            Settled::Fenced { stream, epoch } => (epoch, Some(stream)),
             // Idle already: any completed epoch (a page is cold only once some fence has completed).
-            g.done_epoch.saturating_sub(1)
+            Settled::Idle => (g.done_epoch.saturating_sub(1), None),
         };
         let r = g.regions[rid as usize].as_mut().expect("registered region");
         let p = &mut r.pages[pidx as usize];
         debug_assert!(p.handle.is_none() && p.zombie.is_none());
-        p.zombie = Some(Zombie { epoch, handle });
+        p.zombie = Some(Zombie {
+            epoch,
+            stream,
+            handle,
+        });
         g.zombies.push_back((epoch, rid, pidx));
         g.stats.zombies += 1;
     }
@@ -705,15 +922,33 @@ impl PagePool {
         pidx: u32,
         synced: &mut bool,
     ) -> Result<(), VmmError> {
-        let epoch = {
+        let (epoch, stream) = {
             let r = g.regions[rid as usize].as_ref().expect("registered region");
             match r.pages[pidx as usize].zombie {
-                Some(z) => z.epoch,
+                Some(z) => (z.epoch, z.stream),
                 None => return Ok(()),
             }
         };
         self.poll_fences(g);
-        if epoch >= g.done_epoch {
+        if let Some(s) = stream.filter(|_| !Self::idle(g, stream, epoch)) {
+            // Several streams: wait for the fence of the mapping's stream that covers it.
+            let covering = g
+                .stream_fences
+                .iter()
+                .find(|sf| sf.stream == s)
+                .and_then(|sf| sf.fences.iter().find(|&&(e, _)| e >= epoch).copied());
+            match covering {
+                Some((_, ev)) => {
+                    self.device.event_synchronize(ev)?;
+                    g.stats.syncs += 1;
+                    self.poll_fences(g);
+                }
+                None => self.sync_all(g, synced)?,
+            }
+            if !Self::idle(g, stream, epoch) {
+                self.sync_all(g, synced)?;
+            }
+        } else if epoch >= g.done_epoch && stream.is_none() {
             if epoch >= g.epoch && !self.record_fence(g) {
                 self.sync_all(g, synced)?;
             }
@@ -745,6 +980,7 @@ impl PagePool {
         let mut g = self.inner.lock();
         let rp = RegionPages {
             name,
+            stream: None,
             base,
             pages: vec![Page::default(); (len / self.page) as usize],
             hot: vec![PageHot::default(); (len / self.page) as usize],
@@ -775,8 +1011,28 @@ impl PagePool {
     }
 
     /// Commit pages `first..=last` of region `rid`; returns the region's pages in use after it.
-    fn commit(&self, rid: u32, first: u64, last: u64, grow: bool) -> Result<u64, VmmError> {
+    fn commit(
+        &self,
+        rid: u32,
+        first: u64,
+        last: u64,
+        grow: bool,
+        target: Option<StreamId>,
+    ) -> Result<(u64, bool), VmmError> {
         let mut g = self.inner.lock();
+        g.commit_ordered = false;
+        // Several streams, a region of no stream of its own (the slab's), committed for `target`: a page
+        // revived in place whose last block was freed on another stream still warm there is reused
+        // only after `target` waits on that stream's fence.
+        if let Some(t) = target.filter(|_| g.fence_stream.is_none()) {
+            if g.regions[rid as usize]
+                .as_ref()
+                .is_some_and(|r| r.stream.is_none())
+            {
+                self.order_revivals(&mut g, rid, first, last, t)?;
+            }
+        }
+        g.committing_for = target.or(g.regions[rid as usize].as_ref().and_then(|r| r.stream));
         // The common case of a training loop's steady state: every page is backed already (in use, or
         // free and still mapped right here), so the commit only takes references — one walk, no driver
         // call, nothing to plan.
@@ -788,10 +1044,11 @@ impl PagePool {
             {
                 let unbacked = take_backed(&mut g, rid, first, last);
                 debug_assert!(unbacked.is_empty());
-                return Ok(g.regions[rid as usize]
+                let in_use = g.regions[rid as usize]
                     .as_ref()
                     .expect("registered region")
-                    .in_use);
+                    .in_use;
+                return Ok((in_use, g.commit_ordered));
             }
         }
         if g.sleep.is_some() {
@@ -854,11 +1111,76 @@ impl PagePool {
             log::debug!("gen-vmm: no fence for the old mappings of this commit");
         }
         res.map(|()| {
-            g.regions[rid as usize]
+            let in_use = g.regions[rid as usize]
                 .as_ref()
                 .expect("registered region")
-                .in_use
+                .in_use;
+            (in_use, g.commit_ordered)
         })
+    }
+
+    /// See [`PagePool::commit`]: order `target` after the streams whose work used the bytes of pages
+    /// `first..=last` of region `rid` freed since the page was last idle (a fence of each, waited on by
+    /// `target`). A page freed with no stream known synchronizes the device.
+    fn order_revivals(
+        &self,
+        g: &mut Inner,
+        rid: u32,
+        first: u64,
+        last: u64,
+        target: StreamId,
+    ) -> Result<(), VmmError> {
+        let mut after: Vec<(StreamId, u64)> = Vec::new();
+        let mut unknown = false;
+        for q in first..=last {
+            let (hot, mask) = {
+                let r = g.regions[rid as usize].as_ref().expect("registered region");
+                (r.hot[q as usize], r.pages[q as usize].freed_on)
+            };
+            if mask == 0 {
+                continue;
+            }
+            if !hot.warm(g.done_epoch) {
+                // Idle since (a synchronize or the one-stream fences passed it): forget the streams.
+                g.regions[rid as usize]
+                    .as_mut()
+                    .expect("registered region")
+                    .pages[q as usize]
+                    .freed_on = 0;
+                continue;
+            }
+            let e = hot.freed_epoch(g.epoch);
+            match Self::mask_streams(g, mask) {
+                None => unknown = true,
+                Some(streams) => {
+                    for s in streams {
+                        match after.iter_mut().find(|(x, _)| *x == s) {
+                            Some((_, m)) => *m = (*m).max(e),
+                            None => after.push((s, e)),
+                        }
+                    }
+                }
+            }
+        }
+        if unknown {
+            let mut synced = false;
+            self.sync_all(g, &mut synced)?;
+            return Ok(());
+        }
+        for (s, e) in after {
+            if Self::idle(g, Some(s), e) {
+                continue;
+            }
+            // Still in use by queued work of `s`: the range is `target`'s alone from now on.
+            g.commit_ordered = true;
+            if s == target {
+                continue;
+            }
+            let (ev, _) = self.fence_on(g, s, e)?;
+            self.device.stream_wait_event(target, ev)?;
+            g.stats.stream_waits += 1;
+        }
+        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -886,6 +1208,8 @@ impl PagePool {
                 Ok(Taken::Mapped(h)) => {
                     let r = g.regions[rid as usize].as_mut().expect("registered region");
                     r.pages[pidx as usize].handle = Some(h);
+                    // Its history went with its page (settled before it came here).
+                    r.pages[pidx as usize].freed_on = 0;
                     r.hot[pidx as usize].refs = 1;
                     r.hot[pidx as usize].set_backed(true);
                     r.in_use += 1;
@@ -926,6 +1250,7 @@ impl PagePool {
                 let r = g.regions[rid as usize].as_mut().expect("registered region");
                 for (&q, &h) in got_at[i..j].iter().zip(&got[i..j]) {
                     r.pages[q as usize].handle = Some(h);
+                    r.pages[q as usize].freed_on = 0;
                     r.hot[q as usize].refs = 1;
                     r.hot[q as usize].set_backed(true);
                 }
@@ -1026,9 +1351,10 @@ impl PagePool {
                 return Ok(None);
             }
             debug_assert!(hot.backed());
-            let warm = self.settle(g, orid, opidx, synced)?;
+            let target = g.committing_for;
+            let how = self.settle(g, orid, opidx, synced, target)?;
             g.free_mapped.remove(&(opidx, orid));
-            let left = Self::leave_mapped(g, orid, opidx, warm);
+            let left = Self::leave_mapped(g, orid, opidx, how);
             debug_assert_eq!(left, h);
         } else if let Some(i) = g.free_handles.iter().position(|&c| c == h) {
             // Unmapped from its last owner and cached: the old mapping here is its only one.
@@ -1043,31 +1369,64 @@ impl PagePool {
         Ok(Some(h))
     }
 
-    /// Whether the free page `(rid, pidx)`, about to serve another address, may still be used by queued
-    /// work. Several streams: a warm page's last users may run on another stream than its next ones, so
-    /// the device is synchronized first (once per commit) and the page is then idle.
+    /// How the free page `(rid, pidx)`, about to serve another address for work on `target`, stands with
+    /// the work that last used it: idle; warm on the one stream (stream order keeps the two apart); or,
+    /// with several streams, warm in a region of a known stream — then `target` is made to wait (on the
+    /// device, `cuStreamWaitEvent`) for a fence of that stream covering the page's last free, and the
+    /// move needs no host wait. A warm page of a region of no known stream, or for no known target,
+    /// synchronizes the device first (once per commit) and is then idle.
     fn settle(
         &self,
         g: &mut Inner,
         rid: u32,
         pidx: u32,
         synced: &mut bool,
-    ) -> Result<bool, VmmError> {
-        let warm = g.regions[rid as usize]
-            .as_ref()
-            .expect("registered region")
-            .hot[pidx as usize]
-            .warm(g.done_epoch);
-        if warm && g.fence_stream.is_none() {
-            self.sync_all(g, synced)?;
-            return Ok(false);
+        target: Option<StreamId>,
+    ) -> Result<Settled, VmmError> {
+        let (hot, stream, mask) = {
+            let r = g.regions[rid as usize].as_ref().expect("registered region");
+            (
+                r.hot[pidx as usize],
+                r.stream,
+                r.pages[pidx as usize].freed_on,
+            )
+        };
+        // A region of no stream: the one stream that used the page's bytes, when the mask names one.
+        let stream = match (stream, Self::mask_streams(g, mask).as_deref()) {
+            (Some(s), _) => Some(s),
+            (None, Some([s])) => Some(*s),
+            _ => None,
+        };
+        if !hot.warm(g.done_epoch) {
+            return Ok(Settled::Idle);
         }
-        Ok(warm)
+        if g.fence_stream.is_some() {
+            return Ok(Settled::Warm);
+        }
+        let freed = hot.freed_epoch(g.epoch);
+        if Self::idle(g, stream, freed) {
+            return Ok(Settled::Idle);
+        }
+        match (stream, target) {
+            (Some(s), Some(t)) => {
+                let (ev, epoch) = self.fence_on(g, s, freed)?;
+                g.commit_ordered = true;
+                if t != s {
+                    self.device.stream_wait_event(t, ev)?;
+                    g.stats.stream_waits += 1;
+                }
+                Ok(Settled::Fenced { stream: s, epoch })
+            }
+            _ => {
+                self.sync_all(g, synced)?;
+                Ok(Settled::Idle)
+            }
+        }
     }
 
     /// Take the physical page of the free page `(rid, pidx)` (out of the free set already) for another
     /// address without unmapping it: the address keeps it as an old mapping. Returns the page.
-    fn leave_mapped(g: &mut Inner, rid: u32, pidx: u32, warm: bool) -> PhysHandle {
+    fn leave_mapped(g: &mut Inner, rid: u32, pidx: u32, how: Settled) -> PhysHandle {
         let r = g.regions[rid as usize].as_mut().expect("registered region");
         let h = r.pages[pidx as usize]
             .handle
@@ -1075,7 +1434,7 @@ impl PagePool {
             .expect("free-mapped page has a handle");
         r.hot[pidx as usize].set_backed(false);
         g.owners.remove(&h.0);
-        Self::make_zombie(g, rid, pidx, h, warm);
+        Self::make_zombie(g, rid, pidx, h, how);
         h
     }
 
@@ -1091,19 +1450,21 @@ impl PagePool {
         let Some((orid, opidx)) = pop_free_mapped_excluding(g, rid, pidx) else {
             return Ok(None);
         };
-        let warm = match self.settle(g, orid, opidx, synced) {
-            Ok(warm) => warm,
+        let target = g.committing_for;
+        let how = match self.settle(g, orid, opidx, synced, target) {
+            Ok(how) => how,
             Err(e) => {
                 g.free_mapped.insert((opidx, orid));
                 return Err(e);
             }
         };
+        let warm = how != Settled::Idle;
         if warm || self.cfg.keep_old_mappings {
-            // Warm, one stream: alias. The physical page serves the new address from now on (stream
-            // order puts the new work after the old); the old mapping stays until a fence recorded
-            // after this commit completes — or, keeping old mappings, until it is needed (a move back
-            // through it costs no driver call).
-            let h = Self::leave_mapped(g, orid, opidx, warm);
+            // Warm: alias. The physical page serves the new address from now on (one stream: stream
+            // order puts the new work after the old; several: the new stream waits on a fence of the
+            // old one); the old mapping stays until a fence covering it completes — or, keeping old
+            // mappings, until it is needed (a move back through it costs no driver call).
+            let h = Self::leave_mapped(g, orid, opidx, how);
             if warm {
                 g.stats.aliases += 1;
             }
@@ -1156,8 +1517,28 @@ impl PagePool {
     }
 
     fn decommit_locked(&self, g: &mut Inner, rid: u32, first: u64, last: u64) {
+        self.decommit_locked_on(g, rid, first, last, None);
+    }
+
+    /// [`decommit_locked`](Self::decommit_locked), stamping the pages that become free with the stream
+    /// their last users ran on (`Some`), for regions of no stream of their own.
+    fn decommit_locked_on(
+        &self,
+        g: &mut Inner,
+        rid: u32,
+        first: u64,
+        last: u64,
+        freed_on: Option<StreamId>,
+    ) {
+        let bit = freed_on.map(|s| Self::stream_bit(g, s));
+        let epoch = g.epoch;
         for pidx in first..=last {
             let r = g.regions[rid as usize].as_mut().expect("registered region");
+            if let Some(bit) = bit {
+                // The bytes freed here were used on that stream: whoever reuses them next waits for it.
+                r.pages[pidx as usize].freed_on |= bit;
+                r.hot[pidx as usize].set_freed(epoch);
+            }
             let p = &mut r.hot[pidx as usize];
             if p.refs == 0 {
                 debug_assert!(
@@ -1174,6 +1555,11 @@ impl PagePool {
             p.refs -= 1;
             if p.refs == 0 {
                 p.set_freed(g.epoch);
+                // Regions of a stream of their own never stamp (their stream is the answer); in the
+                // others a free with no stream known makes the page's next reuse synchronize.
+                if freed_on.is_none() && r.stream.is_none() {
+                    r.pages[pidx as usize].freed_on |= UNKNOWN_STREAM;
+                }
                 r.in_use -= 1;
                 g.stats.pages_in_use -= 1;
                 if !p.backed() {
@@ -1461,6 +1847,18 @@ impl Region {
         &self.pool
     }
 
+    /// Say that all device work on this region's blocks runs on `stream` (`None`: several, or unknown).
+    /// With several streams in the pool, a page freed here and moved to a region of another stream is
+    /// then ordered after this stream's work by an event the other stream waits on — no host wait —
+    /// and a page moved here from a region of another stream makes `stream` wait likewise. Pages of
+    /// regions with no stream fall back to a device synchronize before they move.
+    pub fn set_stream(&self, stream: Option<StreamId>) {
+        let mut g = self.pool.inner.lock();
+        if let Some(r) = g.regions[self.id as usize].as_mut() {
+            r.stream = stream;
+        }
+    }
+
     /// Whether `ptr` lies inside the region.
     #[inline]
     pub fn contains(&self, ptr: DevicePtr) -> bool {
@@ -1493,7 +1891,31 @@ impl Region {
     /// that alone commits into the region would otherwise tally itself).
     pub fn commit_counted(&self, offset: u64, len: u64, grow: bool) -> Result<u64, VmmError> {
         let (first, last) = self.page_range(offset, len)?;
-        self.pool.commit(self.id, first, last, grow)
+        self.pool
+            .commit(self.id, first, last, grow, None)
+            .map(|(in_use, _)| in_use)
+    }
+
+    /// [`commit`](Self::commit) for work on `stream`, in a region of no stream of its own (several
+    /// streams share it, as the slab's size classes do): a page revived in place or moved here whose last
+    /// users ran on another stream (stamped by [`decommit_for`](Self::decommit_for)) and may still be
+    /// queued is reused only after `stream` waits on that stream's fence — an event, no host wait. The
+    /// caller must hand what it commits to `stream` alone until that stream frees it.
+    ///
+    /// Returns whether the range's pages may still be in use by queued work (then `stream` was ordered
+    /// after it, and what was committed may be used on `stream` alone: another stream would not be);
+    /// `false`: on any stream.
+    pub fn commit_for(
+        &self,
+        offset: u64,
+        len: u64,
+        grow: bool,
+        stream: StreamId,
+    ) -> Result<bool, VmmError> {
+        let (first, last) = self.page_range(offset, len)?;
+        self.pool
+            .commit(self.id, first, last, grow, Some(stream))
+            .map(|(_, ordered)| ordered)
     }
 
     /// Drop one reference from each page overlapping `[offset, offset + len)`; pages left with none become
@@ -1503,6 +1925,24 @@ impl Region {
             Ok((first, last)) => {
                 let mut g = self.pool.inner.lock();
                 self.pool.decommit_locked(&mut g, self.id, first, last);
+            }
+            Err(e) => {
+                debug_assert!(false, "{e}");
+                log::error!("gen-vmm: decommit: {e}");
+            }
+        }
+    }
+
+    /// [`decommit`](Self::decommit) of a range whose last users ran on `stream` (the caller's word: every
+    /// use of the range was on `stream`, or ordered before work queued there): pages left free are
+    /// stamped with it, so moving or reviving them for another stream waits on a fence of `stream`
+    /// instead of synchronizing the device.
+    pub fn decommit_for(&self, offset: u64, len: u64, stream: StreamId) {
+        match self.page_range(offset, len) {
+            Ok((first, last)) => {
+                let mut g = self.pool.inner.lock();
+                self.pool
+                    .decommit_locked_on(&mut g, self.id, first, last, Some(stream));
             }
             Err(e) => {
                 debug_assert!(false, "{e}");

@@ -382,6 +382,92 @@ fn several_streams_synchronize_only_for_busy_pages() {
     assert_eq!(dev.calls().since(&before).get(CallKind::Synchronize), 0);
 }
 
+/// Several streams, regions of known streams: a page freed in stream A's region with A's work still
+/// queued moves to stream B's region with no host wait — B waits on a fence of A on the device, the page
+/// is aliased, and the old mapping goes once that fence completes.
+#[test]
+fn several_streams_move_a_busy_page_by_ordering_not_synchronizing() {
+    let dev = Arc::new(SimDevice::new());
+    let pool = pool_with(&dev, PagePoolConfig::default());
+    let (a, b) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
+    let ra = Region::new(&pool, 64 * MIB, "a").unwrap();
+    let rb = Region::new(&pool, 64 * MIB, "b").unwrap();
+    ra.set_stream(Some(a));
+    rb.set_stream(Some(b));
+    ra.commit(0, 4 * MIB, true).unwrap();
+    dev.pause_stream(a).unwrap();
+    dev.memset_async(ra.base(), 0, 4 * MIB, a).unwrap(); // A's kernel still uses the pages
+    ra.decommit(0, 4 * MIB);
+    let before = dev.calls();
+    rb.commit(0, 4 * MIB, false).unwrap(); // both pages move from A's region
+    let d = dev.calls().since(&before);
+    assert_eq!(d.get(CallKind::Synchronize), 0, "{d:?}");
+    assert_eq!(d.get(CallKind::EventSynchronize), 0, "{d:?}");
+    assert_eq!(
+        d.get(CallKind::StreamWaitEvent),
+        2,
+        "one wait per page moved: {d:?}"
+    );
+    assert_eq!(
+        d.get(CallKind::EventRecord),
+        1,
+        "one fence of A covers both"
+    );
+    assert_eq!(d.get(CallKind::PhysCreate), 0);
+    assert!(dev.waits_on(b, a), "B's next work is ordered after A's");
+    let s = pool.stats();
+    assert_eq!(
+        (s.steals, s.aliases, s.syncs, s.stream_waits),
+        (2, 2, 0, 2),
+        "{s:?}"
+    );
+    assert_eq!(s.zombies, 2, "A's old mappings stay while A's work runs");
+    // A catches up: the fence completes, and the old mappings can go.
+    dev.resume_stream(a).unwrap();
+    assert!(!dev.waits_on(b, a));
+    rb.decommit(0, 4 * MIB);
+    drop((ra, rb));
+    drop(pool);
+    let out = dev.outstanding();
+    assert_eq!((out.mappings, out.phys_handles), (0, 0), "{out:?}");
+}
+
+/// A region shared by several streams (the slab's): bytes freed on A (`decommit_for`) and committed again
+/// for B make B wait on A's fence; what was committed is then B's alone (`commit_for` says so). With A
+/// idle, nothing waits and the range is for any stream.
+#[test]
+fn a_shared_region_orders_the_next_stream_after_the_last_users() {
+    let dev = Arc::new(SimDevice::new());
+    let pool = pool_with(&dev, PagePoolConfig::default());
+    let (a, b) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
+    let r = Region::new(&pool, 64 * MIB, "shared").unwrap();
+    assert!(
+        !r.commit_for(0, MIB, true, a).unwrap(),
+        "fresh pages: any stream"
+    );
+    dev.pause_stream(a).unwrap();
+    dev.memset_async(r.base(), 0, MIB, a).unwrap();
+    r.decommit_for(0, MIB, a);
+    let before = dev.calls();
+    assert!(
+        r.commit_for(0, MIB, true, b).unwrap(),
+        "busy on A: B's alone"
+    );
+    let d = dev.calls().since(&before);
+    assert_eq!(d.get(CallKind::Synchronize), 0);
+    assert_eq!(d.get(CallKind::StreamWaitEvent), 1);
+    assert!(dev.waits_on(b, a));
+    r.decommit_for(0, MIB, b);
+    dev.resume_stream(a).unwrap();
+    dev.stream_synchronize(b).unwrap();
+    // Both streams' work done and seen done (a fence polled): nothing to order.
+    pool.synchronized();
+    let before = dev.calls();
+    assert!(!r.commit_for(0, MIB, true, a).unwrap());
+    assert_eq!(dev.calls().since(&before).get(CallKind::StreamWaitEvent), 0);
+    r.decommit(0, MIB);
+}
+
 /// A block lands on an address whose old mapping (left by an aliasing move) is still busy: the pool
 /// waits for that fence, not for the whole device, then maps. With the stream paused the wait cannot
 /// end: the commit fails cleanly and succeeds once the stream runs.

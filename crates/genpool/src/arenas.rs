@@ -79,6 +79,9 @@ impl StreamArenas {
         };
         if let Some(i) = self.ids.iter().position(|id| id.load(Relaxed) == NO_STREAM) {
             let a = ExtentArena::new(&self.pages, cfg(STREAM_ARENA_NAMES[i]))?;
+            // Only `stream` allocates from it, and a block is freed straight back only on `stream`
+            // (others go through the stream caches, made safe before they return).
+            a.set_stream(Some(stream));
             if self.arenas[i].set(a).is_err() {
                 unreachable!("a free slot has no arena");
             }
@@ -143,6 +146,14 @@ impl Extents {
             })
         });
         Ok(Extents { main, streams })
+    }
+
+    /// The first stream is known: its arenas' blocks are used on it (blocks freed on other streams come
+    /// back to them only through the stream caches, made safe first).
+    pub fn set_first_stream(&self, stream: StreamId) {
+        for a in self.main.iter() {
+            a.set_stream(Some(stream));
+        }
     }
 
     /// The first stream's arena for blocks predicted `class`.

@@ -351,6 +351,7 @@ impl Pool {
             // reclaims empty chunks without a synchronize (stream order).
             self.pages.set_fence_stream(Some(stream));
             self.slab.set_one_stream(true);
+            self.extents.set_first_stream(stream);
             return;
         }
         if self.hot.solo_stream.load(Relaxed) != stream
@@ -547,8 +548,10 @@ impl Pool {
                 Err(_) => want = want.saturating_mul(2),
             }
         }
-        // 3. Empty slab chunks, then grow.
-        self.slab.trim();
+        // 3. Empty slab chunks (those free without a synchronize), then grow.
+        if let Err(e) = self.slab.reclaim_idle() {
+            log::error!("genpool: slab reclaim: {e}");
+        }
         for grow in [false, true] {
             match self.attempt(tier, class, size, stream, grow) {
                 Ok(pt) => return Ok(pt),
@@ -668,7 +671,11 @@ impl Pool {
     /// chunks, the driver pool's spare memory, empty regions, and unused pages to the driver.
     fn relieve(&self, hard: bool) {
         self.drain_caches(u64::MAX);
-        self.slab.trim();
+        if hard {
+            self.slab.trim();
+        } else if let Err(e) = self.slab.reclaim_idle() {
+            log::error!("genpool: slab reclaim: {e}");
+        }
         if hard {
             if let Some(sp) = &self.stream {
                 TierAlloc::trim(sp);

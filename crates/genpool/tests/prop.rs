@@ -12,7 +12,8 @@
 //!    stream is paused, or a fault was injected);
 //! 2. every live block is 512-byte aligned, spans the request rounded up to 512 B, and overlaps no other
 //!    live block;
-//! 3. a block freed on a paused stream `S` is not handed out on another stream until `S` resumes;
+//! 3. a block freed on a paused stream `S` is not handed out on another stream until `S` resumes, unless
+//!    that stream's work is ordered after `S`'s (it waits on an event recorded on `S`, on the device);
 //! 4. the engine's statistics equal the model's: bytes live and peak, allocations, frees, refused frees,
 //!    out-of-memory count, live blocks, and per tier allocations, frees and live bytes; `lookup` finds the
 //!    live blocks; the reservation covers the live bytes;
@@ -375,10 +376,14 @@ impl Harness {
                 l.block
             );
         }
-        // Cross-stream safety: nothing freed on a paused stream reaches another stream.
+        // Cross-stream safety: nothing freed on a paused stream reaches another stream, unless that
+        // stream's work is ordered after the paused one's (it waits on an event recorded there).
         for &(a, b, qs) in &self.quarantine {
             prop_assert!(
-                qs == si || b <= blk.ptr || end <= a,
+                qs == si
+                    || b <= blk.ptr
+                    || end <= a
+                    || self.dev.waits_on(self.streams[si], self.streams[qs]),
                 "{:?} on stream {} reuses [{:#x}, {:#x}) freed on paused stream {}",
                 blk,
                 si,
@@ -391,10 +396,13 @@ impl Harness {
         // arena hands out exactly the block; the other tiers hand out a unit that may be larger (a slab
         // slot of the size class, a buddy block, a granule-rounded driver-pool block), so a reuse there
         // re-owns the whole quarantined range it touches.
+        // A stream ordered after the quarantining one (it waits on an event recorded there) takes over
+        // the ordering too.
         let exact = blk.tier == Tier::Extent;
         let mut q = Vec::with_capacity(self.quarantine.len() + 1);
         for &(a, b, qs) in &self.quarantine {
-            if qs != si || b <= blk.ptr || end <= a {
+            let owns = qs == si || self.dev.waits_on(self.streams[si], self.streams[qs]);
+            if !owns || b <= blk.ptr || end <= a {
                 q.push((a, b, qs));
                 continue;
             }

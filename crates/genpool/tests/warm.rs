@@ -1,6 +1,6 @@
 //! What a warm pass costs in driver calls: replaying a training loop's trace again on the simulated
-//! device (passes 2..N, after the first laid everything out), a single-stream program makes no host
-//! wait of any kind — no device synchronize, no stream or event synchronize. The replay counts the
+//! device (passes 2..N, after the first laid everything out), a program makes no host wait of any kind —
+//! no device synchronize, no stream or event synchronize — with one stream or several. The replay counts the
 //! device's own calls (`ReplayReport::warm_calls`, from `Device::call_counts`), so no layer can hide one.
 
 use std::path::PathBuf;
@@ -39,6 +39,22 @@ fn single_stream_warm_passes_make_no_host_wait() {
         "gpt2m_train_varlen.csv.gz",
         "llama_ckpt_varlen.csv.gz",
         "vit_train_varres.csv.gz",
+    ] {
+        let w = warm_calls(trace);
+        assert_eq!(w["waits"], 0, "{trace}: {w:?}");
+        assert_eq!(w["device_syncs"], 0, "{trace}: {w:?}");
+    }
+}
+
+#[test]
+fn multi_stream_warm_passes_make_no_host_wait() {
+    // A prefetch stream, an H2D copy stream, four serving streams: pages that move between streams'
+    // arenas, and slab chunks reclaimed with slots of several streams, are ordered by events the next
+    // stream waits on (on the device), never by a synchronize.
+    for trace in [
+        "gpt2_prefetch.csv.gz",
+        "resnet_copy_overlap.csv.gz",
+        "bert_serve_4streams.csv.gz",
     ] {
         let w = warm_calls(trace);
         assert_eq!(w["waits"], 0, "{trace}: {w:?}");
