@@ -22,7 +22,6 @@ mod abi;
 mod backend_abi;
 mod error;
 mod pools;
-mod recorded;
 mod registry;
 mod report;
 mod sleep_abi;
