@@ -347,14 +347,17 @@ impl Pool {
                 .compare_exchange(NO_STREAM, stream, Ordering::AcqRel, Relaxed)
                 .is_ok()
         {
-            // One stream: the page pool may move pages still in use by aliasing them (stream order).
+            // One stream: the page pool may move pages still in use by aliasing them, and the slab
+            // reclaims empty chunks without a synchronize (stream order).
             self.pages.set_fence_stream(Some(stream));
+            self.slab.set_one_stream(true);
             return;
         }
         if self.hot.solo_stream.load(Relaxed) != stream
             && !self.hot.multi_stream.swap(true, Ordering::SeqCst)
         {
             self.pages.set_fence_stream(None);
+            self.slab.set_one_stream(false);
             match self.device.synchronize() {
                 Ok(()) => self.pages.synchronized(),
                 Err(e) => log::error!("genpool: synchronize on a second stream's first use: {e}"),
