@@ -1063,12 +1063,25 @@ impl<O: Opener> Pools<O> {
     /// configuration, the default engine first if need be) unless one with that number is there and not
     /// released. `id` must not be 0.
     pub fn add_engine(&self, device: usize, id: u64) -> std::result::Result<Arc<Engine>, O::Error> {
+        self.add_engine_with(device, id, |main| {
+            Ok(Pool::new(main.device().clone(), main.config().clone())?)
+        })
+    }
+
+    /// [`Pools::add_engine`] with the engine built by `build` from the device's default engine (another
+    /// configuration, a page pool set up otherwise). `build` runs outside the table's lock; when another
+    /// thread adds engine `id` meanwhile, that one is returned and the one built here dropped.
+    pub fn add_engine_with(
+        &self,
+        device: usize,
+        id: u64,
+        build: impl FnOnce(&Pool) -> std::result::Result<Pool, O::Error>,
+    ) -> std::result::Result<Arc<Engine>, O::Error> {
         assert_ne!(id, 0, "engine 0 is the device's default engine");
         if let Some(e) = self.engine(device, id)? {
             return Ok(e);
         }
-        let main = self.pool(device)?;
-        let pool = Pool::new(main.device().clone(), main.config().clone())?;
+        let pool = build(self.pool(device)?)?;
         let mut table = self.slots[device].engines.write();
         if let Some(e) = table.iter().find(|e| e.id == id && !e.is_released()) {
             // Made by another thread meanwhile: ours goes.
@@ -1117,6 +1130,15 @@ impl<O: Opener> Pools<O> {
         e.pool.trim();
         self.drop_if_done(device, &e);
         Ok(true)
+    }
+
+    /// Drop the released secondary engines of device `device` that hold no live block (those a free
+    /// could not drop then, e.g. while the caller kept them from being dropped).
+    pub fn sweep_released(&self, device: usize) -> std::result::Result<(), O::Error> {
+        for e in self.engines(device)? {
+            self.drop_if_done(device, &e);
+        }
+        Ok(())
     }
 
     fn drop_if_done(&self, device: usize, e: &Engine) {

@@ -507,3 +507,28 @@ fn a_router_in_a_static_opens_lazily_and_honours_its_count() {
     // Blocks of a device past the new count are still freed.
     assert_eq!(STATIC_ROUTER.free(b.ptr, 0).unwrap().device, 5);
 }
+
+#[test]
+fn an_engine_can_be_built_with_its_own_configuration() {
+    let pools = Pools::sim(1, CAP, Config::default());
+    let e = pools
+        .add_engine_with(0, 4, |main| {
+            let cfg = Config {
+                plan: false,
+                ..main.config().clone()
+            };
+            genpool::Pool::new(main.device().clone(), cfg)
+        })
+        .unwrap();
+    assert!(!e.pool().config().plan);
+    assert!(
+        pools.pool(0).unwrap().config().plan,
+        "the default engine keeps its own"
+    );
+    // Asked again, by either call: the same engine.
+    assert!(Arc::ptr_eq(&e, &pools.add_engine(0, 4).unwrap()));
+    // A released engine with no block is dropped at once; sweeping finds nothing left.
+    assert!(pools.release_engine(0, 4).unwrap());
+    pools.sweep_released(0).unwrap();
+    assert!(pools.engines(0).unwrap().is_empty());
+}
