@@ -7,14 +7,15 @@
 //!     cargo run --release -p genpool-torch --example coldabi -- TRACE
 //!
 //! `THRASH_KB` (default 2048), `PASSES` (default 3, the first not counted); `GENPOOL_CONF` as for the
-//! plug-in. Streams are ignored (every call on the default stream).
+//! plug-in. Streams are ignored (every call on the default stream). `ABI=backend` calls the PyTorch
+//! backend's `genpool_backend_malloc` / `genpool_backend_free` instead of the pluggable hooks.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::time::Instant;
 
 use gen_trace::EventKind;
-use genpool_torch::{genpool_free, genpool_malloc};
+use genpool_torch::{genpool_backend_free, genpool_backend_malloc, genpool_free, genpool_malloc};
 
 fn main() {
     let path = std::env::args().nth(1).expect("usage: coldabi TRACE");
@@ -25,6 +26,24 @@ fn main() {
             .unwrap_or(d)
     };
     let (kb, passes) = (env("THRASH_KB", 2048), env("PASSES", 3));
+    let backend = std::env::var("ABI").is_ok_and(|v| v == "backend");
+    let malloc = |size: usize| -> *mut c_void {
+        if !backend {
+            return genpool_malloc(size, 0, std::ptr::null_mut());
+        }
+        let mut p = std::ptr::null_mut();
+        // SAFETY: `p` is valid for one pointer write.
+        unsafe { genpool_backend_malloc(size, 0, 0, std::ptr::null_mut(), &mut p) };
+        p
+    };
+    let free = |p: *mut c_void, size: usize| {
+        if backend {
+            // SAFETY: a NULL `freed` is allowed.
+            unsafe { genpool_backend_free(p, std::ptr::null_mut()) };
+        } else {
+            genpool_free(p, size, 0, std::ptr::null_mut());
+        }
+    };
     // SAFETY: single-threaded at this point; the plug-in reads it when the first pool is created.
     unsafe { std::env::set_var("GENPOOL_DEVICE", "sim") };
     let trace = gen_trace::load_path(std::path::Path::new(&path))
@@ -39,7 +58,6 @@ fn main() {
         }
         std::hint::black_box(&junk);
     };
-    let null = std::ptr::null_mut::<c_void>();
     // alloc ns, allocs, free ns, frees over the counted passes.
     let mut t = [0u64; 4];
     for pass in 0..passes {
@@ -49,7 +67,7 @@ fn main() {
                 EventKind::Alloc => {
                     thrash(&mut junk);
                     let t0 = Instant::now();
-                    let p = genpool_malloc(e.size as usize, 0, null);
+                    let p = malloc(e.size as usize);
                     let ns = t0.elapsed().as_nanos() as u64;
                     assert!(!p.is_null(), "allocation of {} failed", e.size);
                     live.insert(e.addr, (p, e.size as usize));
@@ -64,7 +82,7 @@ fn main() {
                     };
                     thrash(&mut junk);
                     let t0 = Instant::now();
-                    genpool_free(p, size, 0, null);
+                    free(p, size);
                     let ns = t0.elapsed().as_nanos() as u64;
                     if pass > 0 {
                         t[2] += ns;
@@ -74,12 +92,13 @@ fn main() {
             }
         }
         for (_, (p, size)) in live {
-            genpool_free(p, size, 0, null);
+            free(p, size);
         }
     }
     println!(
-        "{}: thrash {kb} KiB  genpool_malloc {} ns ({} calls)  genpool_free {} ns ({} calls)",
+        "{}: thrash {kb} KiB  {} malloc {} ns ({} calls)  free {} ns ({} calls)",
         trace.name,
+        if backend { "backend" } else { "hook" },
         t[0] / t[1].max(1),
         t[1],
         t[2] / t[3].max(1),

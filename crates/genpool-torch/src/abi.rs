@@ -7,8 +7,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use genpool::{FreeFault, GenpoolError, PoolStats};
 
 use crate::error::PluginError;
-use crate::recorded::RECORDED;
-use crate::registry::{self, DeviceState};
+use crate::registry::{self, ROUTER};
 use crate::report;
 use crate::sleep_abi;
 use crate::timing;
@@ -80,11 +79,11 @@ pub extern "C" fn genpool_malloc(size: usize, device: c_int, stream: cudaStream_
                     }
                 };
             }
-            match registry::state(device.into())
-                .and_then(|s| s.alloc(size as u64, stream_id(stream)))
-            {
+            match registry::alloc(device.into(), size as u64, stream_id(stream), |p| {
+                p.allocated()
+            }) {
                 // A device address, never dereferenced on the host: an address without provenance.
-                Ok(p) => std::ptr::without_provenance_mut(p as usize),
+                Ok(b) => std::ptr::without_provenance_mut(b.ptr as usize),
                 Err(e) => {
                     fail(&e);
                     std::ptr::null_mut()
@@ -92,14 +91,6 @@ pub extern "C" fn genpool_malloc(size: usize, device: c_int, stream: cudaStream_
             }
         })
     })
-}
-
-fn free_on(state: &DeviceState, ptr: u64, stream: u64) -> Result<u64, PluginError> {
-    if let Some(others) = RECORDED.take(state.index(), ptr) {
-        // On failure the block stays allocated (leaked): reusing it could race a kernel on `others`.
-        state.order_after(ptr, &others, stream)?;
-    }
-    Ok(state.pool.free(ptr, stream)?)
 }
 
 /// Free `ptr` of device `device` on `stream` (PyTorch's `free_fn`; `size` is the size PyTorch asked for
@@ -115,31 +106,11 @@ pub extern "C" fn genpool_free(ptr: *mut c_void, size: usize, device: c_int, str
                 return;
             }
             let addr = ptr.addr() as u64;
-            // Tagged memory (sleep_abi): only once some tag has an engine.
-            if sleep_abi::tagged_free(addr, stream_id(stream)) {
-                return;
-            }
-            let res = registry::existing(device.into()).and_then(|s| match s {
-                // A block of another device (freed with the wrong index): route it by address.
-                Some(s) if !s.contains(addr) => match registry::owner_by_address(addr, s.index()) {
-                    Some(owner) => free_on(owner, addr, stream_id(stream)),
-                    None => free_on(s, addr, stream_id(stream)),
-                },
-                Some(s) => free_on(s, addr, stream_id(stream)),
-                None if device >= 0 => match registry::owner_by_address(addr, usize::MAX) {
-                    Some(owner) => free_on(owner, addr, stream_id(stream)),
-                    None => Err(GenpoolError::InvalidFree {
-                        ptr: addr,
-                        fault: FreeFault::Unknown,
-                    }
-                    .into()),
-                },
-                None => Err(GenpoolError::InvalidFree {
-                    ptr: addr,
-                    fault: FreeFault::Unknown,
-                }
-                .into()),
-            });
+            // Whichever device and engine (tags' included) hold it; `device` is a guess (PyTorch may
+            // free with another device's index). Uses recorded by `genpool_record_stream` are waited for
+            // first: on failure the block stays allocated (leaked) rather than race a kernel.
+            let res = registry::check_index(device.into())
+                .and_then(|near| ROUTER.free_near(addr, near, stream_id(stream)));
             match res {
                 Ok(_) => {}
                 Err(e @ PluginError::Engine(GenpoolError::InvalidFree { .. })) => {
@@ -174,7 +145,7 @@ pub extern "C" fn genpool_init(device_count: c_int) {
 #[no_mangle]
 pub extern "C" fn genpool_reset() {
     guard("genpool_reset", (), || {
-        let released: u64 = registry::all_existing().map(|s| s.pool.trim()).sum::<u64>()
+        let released: u64 = ROUTER.trim()
             // Tagged memory (sleep_abi).
             + sleep_abi::trim_all();
         log::info!("genpool: empty_cache released {released} B");
@@ -201,24 +172,18 @@ pub extern "C" fn genpool_set_memory_fraction(fraction: f64, device: c_int) {
 pub extern "C" fn genpool_record_stream(ptr: *mut c_void, stream: cudaStream_t) {
     guard("genpool_record_stream", (), || {
         let addr = ptr.addr() as u64;
-        let owner = registry::all_existing()
-            .find(|s| s.pool.lookup(addr).is_some())
-            .map(|s| s.index())
-            // Tagged memory (sleep_abi).
-            .or_else(|| sleep_abi::tagged_device(addr));
-        match owner {
-            Some(index) => RECORDED.record(index, addr, stream_id(stream)),
-            None => {
-                let e: PluginError = GenpoolError::InvalidFree {
-                    ptr: addr,
-                    fault: FreeFault::Unknown,
-                }
-                .into();
-                report::set_last_error(&format_args!("record_stream: {e}"));
-                log::warn!(
-                    "genpool: record_stream on {addr:#x}, a block this plug-in does not hold"
-                );
+        // The owner's stream (any engine of the device holding the block): the free waits for it.
+        let res = match ROUTER.owner(addr) {
+            Some(index) => ROUTER.record_use(addr, index, stream_id(stream)),
+            None => Err(GenpoolError::InvalidFree {
+                ptr: addr,
+                fault: FreeFault::Unknown,
             }
+            .into()),
+        };
+        if let Err(e) = res {
+            report::set_last_error(&format_args!("record_stream: {e}"));
+            log::warn!("genpool: record_stream on {addr:#x}, a block this plug-in does not hold");
         }
     })
 }
@@ -237,20 +202,18 @@ fn stats_value(device: c_int) -> Result<serde_json::Value, PluginError> {
             map.insert("total_mem".into(), json!(props.total_mem));
             map.insert("live_blocks".into(), json!(s.pool.live_blocks()));
             map.insert("memory_fraction_cap".into(), json!(s.cap()));
-            map.insert(
-                "stream_waits".into(),
-                json!(s.stream_waits.load(std::sync::atomic::Ordering::Relaxed)),
-            );
-            map.insert(
-                "sync_fallbacks".into(),
-                json!(s.sync_fallbacks.load(std::sync::atomic::Ordering::Relaxed)),
-            );
+            let (waits, fallbacks) = ROUTER.ordering(s.index())?;
+            map.insert("stream_waits".into(), json!(waits));
+            map.insert("sync_fallbacks".into(), json!(fallbacks));
         }
         map.insert(
             "plugin_invalid_frees".into(),
             json!(report::invalid_frees()),
         );
-        map.insert("plugin_recorded_blocks".into(), json!(RECORDED.blocks()));
+        map.insert(
+            "plugin_recorded_blocks".into(),
+            json!(ROUTER.recorded_blocks()),
+        );
         // Tagged memory (sleep_abi): the tags' engines on this device, summed.
         map.insert("tagged".into(), sleep_abi::device_summary(device.into()));
         // Host time inside genpool_malloc / genpool_free (null unless GENPOOL_TIMING is set).

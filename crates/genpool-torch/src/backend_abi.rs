@@ -10,13 +10,12 @@
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
-use genpool::{FreeFault, GenpoolError, Hint, LiveBlock, Tier};
+use genpool::{GenpoolError, Hint, LiveBlock, Pool, Tier};
 
 use crate::abi::{cudaStream_t, fail, guard};
 use crate::error::PluginError;
-use crate::pools::{self, PrivatePool};
-use crate::recorded::RECORDED;
-use crate::registry::{self, DeviceState, MAX_DEVICES};
+use crate::pools;
+use crate::registry::{self, DeviceState, MAX_DEVICES, ROUTER};
 use crate::report;
 use crate::sleep_abi;
 use crate::stats::{DeviceCounters, GenpoolStat};
@@ -63,17 +62,19 @@ fn status(r: Result<(), PluginError>) -> c_int {
     }
 }
 
+/// Every engine of a device: its default pool, then its secondary engines (private pools and tags).
+fn each_engine(state: DeviceState, mut f: impl FnMut(&Pool)) {
+    f(state.pool);
+    for e in ROUTER.engines(state.index()).unwrap_or_default() {
+        f(e.pool());
+    }
+}
+
 /// Bytes held from the driver by every pool of a device now.
-fn reserved_now(state: &DeviceState) -> u64 {
-    let private: u64 = pools::all(state.index())
-        .iter()
-        .map(|p| p.pool.reserved_now())
-        .sum();
-    let tagged: u64 = sleep_abi::tag_engines(state.index())
-        .iter()
-        .map(|p| p.reserved_now())
-        .sum();
-    state.pool.reserved_now() + private + tagged
+fn reserved_now(state: DeviceState) -> u64 {
+    let mut held = 0;
+    each_engine(state, |p| held += p.reserved_now());
+    held
 }
 
 fn alloc(
@@ -82,22 +83,23 @@ fn alloc(
     pool: u64,
     stream: cudaStream_t,
 ) -> Result<(u64, u64), PluginError> {
-    let (state, private) = pools::resolve(device.into(), pool)?;
-    let counters = &COUNTERS[state.index()];
     let size = size as u64;
-    state.check_cap(size, || counters.live_bytes())?;
     let stream = stream.addr() as u64;
-    let b = match &private {
-        Some(p) => p.pool.alloc(size, stream, Hint::NONE)?,
-        // A thread inside `genpool_torch.region(tag)` (sleep_abi): the tag's engine.
-        None => match sleep_abi::tagged_alloc_block(size, device.into(), stream) {
-            Some(res) => res?,
-            None => {
-                let b = state.pool.alloc(size, stream, Hint::NONE)?;
-                state.note_range(b.ptr, b.size);
-                b
-            }
-        },
+    let index = registry::slot_index(device.into())?;
+    let counters = &COUNTERS[index];
+    let b = if pool == 0 && !sleep_abi::tagged() {
+        registry::alloc(device.into(), size, stream, |_| counters.live_bytes())?
+    } else {
+        let (state, private) = pools::resolve(device.into(), pool)?;
+        state.check_cap(size, || counters.live_bytes())?;
+        match &private {
+            Some(p) => p.alloc(size, stream, Hint::NONE)?,
+            // A thread inside `genpool_torch.region(tag)` (sleep_abi): the tag's engine.
+            None => match sleep_abi::tagged_alloc_block(size, device.into(), stream) {
+                Some(res) => res?,
+                None => registry::alloc(device.into(), size, stream, |_| counters.live_bytes())?,
+            },
+        }
     };
     counters.on_alloc(b.size, size);
     Ok((b.ptr, b.size))
@@ -167,65 +169,33 @@ pub struct GenpoolFreed {
     pub pool: u64,
 }
 
-fn free_in(
-    state: &DeviceState,
-    private: Option<&PrivatePool>,
-    ptr: u64,
-) -> Result<(LiveBlock, u64), PluginError> {
-    let pool = private.map_or(&state.pool, |p| &p.pool);
-    if let Some(others) = RECORDED.take(state.index(), ptr) {
-        let own = pool.lookup_detailed(ptr).map_or(0, |b| b.stream);
-        // On failure the block stays allocated (leaked): reusing it could race a kernel on `others`.
-        state.order_after(ptr, &others, own)?;
-    }
-    let b = match private {
-        None => state.pool.free_owned(ptr)?,
-        Some(p) => pools::free(state.index(), p, ptr)?,
-    };
-    COUNTERS[state.index()].on_free(b.size, b.requested);
+fn free(ptr: u64) -> Result<(usize, LiveBlock, u64), PluginError> {
+    // Whichever device and engine hold it; uses recorded by `genpool_record_stream` are waited for
+    // first (on failure the block stays allocated, leaked: reusing it could race a kernel on them).
+    let (f, b) = ROUTER.free_owned(ptr)?;
+    COUNTERS[f.device].on_free(b.size, b.requested);
     if NOT_CACHING.load(Relaxed) {
-        pool.trim();
+        trim_engine(f.device, f.engine);
     }
-    Ok((b, private.map_or(0, |p| p.id)))
+    // Tags' blocks belong to the default pool as PyTorch sees it.
+    let pool = if pools::is_private(f.engine) {
+        f.engine
+    } else {
+        0
+    };
+    Ok((f.device, b, pool))
 }
 
-fn free(ptr: u64) -> Result<(usize, LiveBlock, u64), PluginError> {
-    if let Some(res) = sleep_abi::tagged_free_owned(ptr) {
-        let (i, b) = res?;
-        COUNTERS[i].on_free(b.size, b.requested);
-        return Ok((i, b, 0));
+/// Give back what engine `id` (0: the default one) of device `index` caches.
+fn trim_engine(index: usize, id: u64) -> u64 {
+    match id {
+        0 => ROUTER.existing(index).ok().flatten().map_or(0, Pool::trim),
+        _ => ROUTER
+            .engine(index, id)
+            .ok()
+            .flatten()
+            .map_or(0, |e| e.pool().trim()),
     }
-    let unknown = |e: &PluginError| {
-        matches!(
-            e,
-            PluginError::Engine(GenpoolError::InvalidFree {
-                fault: FreeFault::Unknown,
-                ..
-            })
-        )
-    };
-    for state in registry::all_existing() {
-        let i = state.index();
-        if pools::any(i) {
-            if let Some(p) = pools::owner(i, ptr) {
-                let (b, id) = free_in(state, Some(&p), ptr)?;
-                return Ok((i, b, id));
-            }
-        }
-        if state.contains(ptr) {
-            match free_in(state, None, ptr) {
-                Ok((b, id)) => return Ok((i, b, id)),
-                // Inside this device's address bounds but not its block: another device's (devices'
-                // ranges do not meet under unified addressing, but bounds are only bounds).
-                Err(e) if unknown(&e) => continue,
-                Err(e) => return Err(e),
-            }
-        }
-    }
-    Err(PluginError::Engine(GenpoolError::InvalidFree {
-        ptr,
-        fault: FreeFault::Unknown,
-    }))
 }
 
 /// Free `ptr` on the stream it was allocated for (PyTorch's rule; other streams recorded with
@@ -321,13 +291,7 @@ pub unsafe extern "C" fn genpool_backend_block(
 ) -> c_int {
     guard("genpool_backend_block", GENPOOL_E_INTERNAL, || {
         let addr = ptr.addr() as u64;
-        let found = registry::all_existing().find_map(|s| {
-            s.pool.lookup_detailed(addr).or_else(|| {
-                pools::all(s.index())
-                    .iter()
-                    .find_map(|p| p.pool.lookup_detailed(addr))
-            })
-        });
+        let found = ROUTER.lookup(addr).map(|(_, _, b)| b);
         match found {
             Some(b) => {
                 if !out.is_null() {
@@ -395,16 +359,13 @@ fn device_stats(device: c_int) -> Result<GenpoolTorchStats, PluginError> {
     let Some(state) = registry::existing(device.into())? else {
         return Ok(out);
     };
-    let privates = pools::all(index);
-    let engines = std::iter::once(&state.pool)
-        .chain(privates.iter().map(|p| &p.pool))
-        .chain(sleep_abi::tag_engines(index));
+    let mut stats = Vec::new();
+    each_engine(state, |p| stats.push(p.stats()));
     let (mut held, mut created, mut released, mut small, mut retries, mut syncs) =
         (0i64, 0i64, 0i64, 0i64, 0i64, 0i64);
     let (mut reserved, mut peak) = (0i64, 0i64);
     let mut page = 2 << 20;
-    for e in engines {
-        let s = e.stats();
+    for s in stats {
         page = s.pages.page_size as i64;
         held += s.pages.pages_held as i64;
         created += s.pages.creates as i64;
@@ -520,10 +481,7 @@ pub extern "C" fn genpool_backend_reset_peaks(device: c_int) -> c_int {
         status((|| {
             let i = registry::check_index(device.into())?;
             if let Some(s) = registry::existing(device.into())? {
-                s.pool.reset_peaks();
-                for p in pools::all(i) {
-                    p.pool.reset_peaks();
-                }
+                each_engine(s, Pool::reset_peaks);
             }
             COUNTERS[i].reset_peaks();
             Ok(())
@@ -635,7 +593,7 @@ pub extern "C" fn genpool_pool_trim(device: c_int, pool: u64) -> u64 {
     guard("genpool_pool_trim", 0, || {
         match pools::resolve(device.into(), pool) {
             Ok((s, None)) => s.pool.trim(),
-            Ok((_, Some(p))) => p.pool.trim(),
+            Ok((_, Some(p))) => p.pool().trim(),
             Err(e) => {
                 fail(&e);
                 0
@@ -672,7 +630,7 @@ pub struct GenpoolSegment {
 
 /// Segments and blocks of the pools of device `index` selected by `filter` (`None`: all).
 pub(crate) fn snapshot(
-    state: &DeviceState,
+    state: DeviceState,
     filter: Option<u64>,
 ) -> (Vec<GenpoolSegment>, Vec<GenpoolBlock>) {
     let page = state.pool.page_pool().page_size();
@@ -681,8 +639,8 @@ pub(crate) fn snapshot(
         engines.push((0, state.pool.live_detailed()));
     }
     for p in pools::all(state.index()) {
-        if filter.is_none_or(|f| f == p.id) {
-            engines.push((p.id, p.pool.live_detailed()));
+        if filter.is_none_or(|f| f == p.id()) {
+            engines.push((p.id(), p.pool().live_detailed()));
         }
     }
     let (mut segs, mut blocks) = (Vec::new(), Vec::new());

@@ -339,3 +339,34 @@ fn tagged_allocations_through_the_backend_sleep_and_wake() {
     );
     assert_eq!(stats(d).allocated_bytes[0].current, 0);
 }
+
+#[test]
+fn record_stream_orders_frees_of_private_pool_blocks() {
+    use gen_device::sim::CallKind;
+    use gen_device::Device;
+    let dev = Arc::new(
+        SimDevice::config()
+            .ordinal(26)
+            .address_offset(26 * ORDINAL_STRIDE)
+            .build()
+            .unwrap(),
+    );
+    testing::install(26, dev.clone(), Config::default());
+    let (s1, s2) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
+    let id = genpool_pool_create(26);
+    let p = malloc(MIB as usize, 26, id, s1).unwrap();
+    // A graph pool's block used on a side stream: the router finds its engine like any other block's.
+    crate::genpool_record_stream(p, stream(s2));
+    dev.pause_stream(s2).unwrap();
+    let before = dev.calls();
+    let f = free(p).unwrap();
+    assert_eq!((f.pool, f.stream), (id, s1));
+    assert_eq!(dev.calls().since(&before)[CallKind::StreamWaitEvent], 1);
+    assert!(
+        dev.stream_synchronize(s1).is_err(),
+        "s1 waits for s2's work"
+    );
+    dev.resume_stream(s2).unwrap();
+    dev.stream_synchronize(s1).unwrap();
+    assert_eq!(genpool_pool_release(26, id), GENPOOL_OK);
+}

@@ -4,7 +4,8 @@
 //! - One [`genpool::Pool`] per device index, created on the first allocation on that device (a
 //!   `OnceLock` per slot, up to [`MAX_DEVICES`]) over the device named by `GENPOOL_DEVICE`
 //!   (`cuda`, the default; `sim` for the host-simulated device; `auto`), configured by `GENPOOL_CONF`
-//!   (`key:value,...`, see [`genpool::Config::parse`]).
+//!   (`key:value,...`, see [`genpool::Config::parse`]); these engines, the private pools' and the tags'
+//!   live in one process-wide router, [`genpool::Pools`], which routes frees by address.
 //! - No panic crosses the boundary: every exported function catches it, logs it, and fails safely.
 //! - Failures return NULL / 0 and leave a message for [`genpool_last_error`]; logging (`env_logger`) is
 //!   off unless `GENPOOL_LOG` is set (e.g. `GENPOOL_LOG=info`).
@@ -22,7 +23,6 @@ mod abi;
 mod backend_abi;
 mod error;
 mod pools;
-mod recorded;
 mod registry;
 mod report;
 mod sleep_abi;

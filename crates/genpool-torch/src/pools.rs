@@ -1,123 +1,72 @@
 //! Private pools: engine instances beside a device's default pool, for PyTorch's `MemPool`s and the
 //! private pools of CUDA graphs.
 //!
-//! A private pool is a [`genpool::Pool`] of its own over the same device: its blocks, freed or not, are
-//! reused only by allocations routed to it, and its pages are its own (what a graph's kernels use stays
-//! out of everybody else's reach until the pool is released). A pool released while blocks are still
-//! live (a graph's outputs) stays until its last block is freed, then is dropped, which gives its pages
-//! back to the driver.
+//! A private pool is a secondary engine of the router ([`genpool::Engine`], [`genpool::Pools`]): a
+//! [`genpool::Pool`] of its own over the same device, so its blocks, freed or not, are reused only by
+//! allocations routed to it, and its pages are its own (what a graph's kernels use stays out of
+//! everybody else's reach until the pool is released). A pool released while blocks are still live (a
+//! graph's outputs) stays until its last block is freed, then is dropped, which gives its pages back to
+//! the driver. Frees find its blocks by address, as every other block's.
 //!
-//! The table is read on every free once any private pool exists, so it is a short vector under a
-//! read-write lock; while none exists a free reads one counter.
+//! The router numbers its secondary engines as its owner says: private pools take the ids PyTorch
+//! sees (1, 2, ...), tags (`sleep_abi.rs`) the numbers from [`TAG_ENGINES`] up.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use genpool::{GenpoolError, LiveBlock, Pool};
-use parking_lot::RwLock;
-
 use crate::error::PluginError;
-use crate::registry::{self, DeviceState, MAX_DEVICES};
+use crate::registry::{self, DeviceState, ROUTER};
 
-/// One private pool.
-pub(crate) struct PrivatePool {
-    /// Its id (never 0, which names the device's default pool).
-    pub(crate) id: u64,
-    pub(crate) pool: Pool,
-    /// Released by its owner: no new allocations; dropped once its last block is freed.
-    released: AtomicBool,
-}
+/// One private pool: its [`genpool::Engine::id`] is the id PyTorch holds.
+pub(crate) type PrivatePool = genpool::Engine;
 
-type Table = RwLock<Vec<Arc<PrivatePool>>>;
+/// The first engine number of tags: private pools' ids stay below it.
+pub(crate) const TAG_ENGINES: u64 = 1 << 63;
 
-#[allow(clippy::declare_interior_mutable_const)]
-const EMPTY: Table = RwLock::new(Vec::new());
-static TABLES: [Table; MAX_DEVICES] = [EMPTY; MAX_DEVICES];
-#[allow(clippy::declare_interior_mutable_const)]
-const ZERO: AtomicUsize = AtomicUsize::new(0);
-static COUNTS: [AtomicUsize; MAX_DEVICES] = [ZERO; MAX_DEVICES];
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
+/// Whether engine number `id` is a private pool's (not the default engine's, not a tag's).
+pub(crate) fn is_private(id: u64) -> bool {
+    id != 0 && id < TAG_ENGINES
+}
+
 /// Create a private pool on `state`'s device, with the device pool's configuration.
-pub(crate) fn create(state: &DeviceState) -> Result<u64, PluginError> {
-    let pool = Pool::new(state.pool.device().clone(), state.pool.config().clone())?;
+pub(crate) fn create(state: DeviceState) -> Result<u64, PluginError> {
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-    let mut t = TABLES[state.index()].write();
-    t.push(Arc::new(PrivatePool {
-        id,
-        pool,
-        released: AtomicBool::new(false),
-    }));
-    COUNTS[state.index()].store(t.len(), Ordering::Release);
+    ROUTER.add_engine(state.index(), id)?;
     log::info!("genpool: private pool {id} on device {}", state.index());
     Ok(id)
 }
 
 /// The private pool `id` of device `index`, if it exists and is not released.
 pub(crate) fn get(index: usize, id: u64) -> Result<Arc<PrivatePool>, PluginError> {
-    TABLES[index]
-        .read()
-        .iter()
-        .find(|p| p.id == id && !p.released.load(Ordering::Acquire))
-        .cloned()
+    ROUTER
+        .engine(index, id)?
+        .filter(|_| is_private(id))
         .ok_or(PluginError::UnknownPool { device: index, id })
-}
-
-/// Whether device `index` has any private pool.
-#[inline]
-pub(crate) fn any(index: usize) -> bool {
-    COUNTS[index].load(Ordering::Acquire) != 0
-}
-
-/// The private pool of device `index` holding the live block `ptr`, if any.
-pub(crate) fn owner(index: usize, ptr: u64) -> Option<Arc<PrivatePool>> {
-    TABLES[index]
-        .read()
-        .iter()
-        .find(|p| p.pool.lookup(ptr).is_some())
-        .cloned()
 }
 
 /// Every private pool of device `index` (released ones included: their blocks are still live).
 pub(crate) fn all(index: usize) -> Vec<Arc<PrivatePool>> {
-    TABLES[index].read().clone()
-}
-
-fn drop_if_done(index: usize, p: &PrivatePool) {
-    if p.released.load(Ordering::Acquire) && p.pool.live_blocks() == 0 {
-        let mut t = TABLES[index].write();
-        // Checked again under the write lock: no allocation can reach a released pool, and a free of
-        // its last block is the only way here.
-        if p.pool.live_blocks() == 0 {
-            t.retain(|q| q.id != p.id);
-            COUNTS[index].store(t.len(), Ordering::Release);
-            log::info!("genpool: private pool {} of device {index} dropped", p.id);
-        }
-    }
-}
-
-/// Free `ptr`, a live block of private pool `p` of device `index`, on its own stream.
-pub(crate) fn free(index: usize, p: &PrivatePool, ptr: u64) -> Result<LiveBlock, GenpoolError> {
-    let b = p.pool.free_owned(ptr)?;
-    drop_if_done(index, p);
-    Ok(b)
+    let mut engines = ROUTER.engines(index).unwrap_or_default();
+    engines.retain(|e| is_private(e.id()));
+    engines
 }
 
 /// Release private pool `id` of device `index`: no allocation reaches it any more; it is dropped now if
 /// it holds no live block, else when its last one is freed. Unknown or already released ids are refused.
 pub(crate) fn release(index: usize, id: u64) -> Result<(), PluginError> {
-    let p = get(index, id)?;
-    p.released.store(true, Ordering::Release);
-    p.pool.trim();
-    drop_if_done(index, &p);
-    Ok(())
+    if is_private(id) && ROUTER.release_engine(index, id)? {
+        return Ok(());
+    }
+    Err(PluginError::UnknownPool { device: index, id })
 }
 
 /// The state of device `index` and, for `id != 0`, its private pool `id`.
 pub(crate) fn resolve(
     index: i64,
     id: u64,
-) -> Result<(&'static DeviceState, Option<Arc<PrivatePool>>), PluginError> {
+) -> Result<(DeviceState, Option<Arc<PrivatePool>>), PluginError> {
     let state = registry::state(index)?;
     if id == 0 {
         return Ok((state, None));

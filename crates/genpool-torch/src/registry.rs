@@ -1,23 +1,30 @@
-//! One engine per device index, created on first use and kept for the life of the process.
+//! The plug-in's router: one [`genpool::Pools`] for the process, whose engines the plug-in's
+//! [`Opener`] makes from its environment.
 //!
-//! Each slot is a `OnceLock`: the first call for a device builds its [`Pool`] (or records why it could
-//! not), every later call is one acquire load. A failure is cached too — a missing driver does not get
-//! better by retrying on every allocation — and logged once when it happens. Pools are never dropped: the
-//! process (and with it the CUDA context) ends first, and PyTorch may free tensors during interpreter
-//! shutdown in any order.
+//! The router keeps one engine per device index, created on first use (a `OnceLock` per slot: every
+//! later call is one acquire load), the secondary engines of private pools (`pools.rs`) and tags
+//! (`sleep_abi.rs`), routes frees by address and orders frees after `record_stream`'s streams. A failure
+//! to open a device is cached too — a missing driver does not get better by retrying on every
+//! allocation — and logged once when it happens. Engines are never dropped with the router: the process
+//! (and with it the CUDA context) ends first, and PyTorch may free tensors during interpreter shutdown in
+//! any order.
+//!
+//! What is the plug-in's own: which device implementation (`GENPOOL_DEVICE`), the configuration
+//! (`GENPOOL_CONF`), and PyTorch's memory fraction per device.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 
 use gen_device::{Device, DeviceKind, StreamId};
-use genpool::devices::{AddressBounds, EventSpares};
-use genpool::{Config, Hint, Pool};
+use genpool::{Config, Hint, Opener, Pool, Pools};
 
 use crate::error::PluginError;
 use crate::report;
 
 /// The most device indices the plug-in serves (slots are static).
 pub const MAX_DEVICES: usize = 64;
+// A literal for the C header (cbindgen does not read other crates): the router's own bound.
+const _: () = assert!(MAX_DEVICES == genpool::MAX_DEVICES);
 
 /// Which `Device` implementation backs the pools (`GENPOOL_DEVICE`: `sim`, `cuda` or `auto`; unset or
 /// empty: `cuda`, the plug-in's default — a plug-in loaded into PyTorch without a GPU should fail, not
@@ -30,47 +37,69 @@ pub(crate) fn parse_device_kind(s: &str) -> Result<DeviceKind, PluginError> {
         .map_err(|_| PluginError::BadDeviceKind(s.to_string()))
 }
 
-/// One device's engine plus the plug-in's per-device state.
-pub(crate) struct DeviceState {
-    index: usize,
-    pub(crate) pool: Pool,
-    /// Spare events for ordering frees after recorded streams.
-    events: EventSpares,
-    /// `stream_wait_event`s issued for frees of blocks with recorded streams.
-    pub(crate) stream_waits: AtomicU64,
-    /// Frees ordered by a whole-device synchronize because an event call failed.
-    pub(crate) sync_fallbacks: AtomicU64,
-    /// The addresses this device ever handed out (frees are routed by address).
-    bounds: AddressBounds,
+/// Opens the device named by `GENPOOL_DEVICE` with the configuration of `GENPOOL_CONF`.
+pub(crate) struct PluginOpener;
+
+impl Opener for PluginOpener {
+    type Error = PluginError;
+
+    fn open(&self, index: usize) -> Result<Pool, PluginError> {
+        report::init_logging();
+        let res = (|| {
+            let backend = backend()?;
+            let cfg = Config::from_env()?;
+            let device =
+                genpool::devices::open_device(backend, index, gen_device::sim::DEFAULT_CAPACITY)
+                    .map_err(|source| PluginError::Open { index, source })?;
+            build(index, device, cfg)
+        })();
+        if let Err(e) = &res {
+            log::error!("genpool: device {index} unavailable: {e}");
+        }
+        res
+    }
+
+    fn invalid_device(&self, index: usize, count: usize) -> PluginError {
+        PluginError::InvalidDevice {
+            index: index as i64,
+            bound: count,
+        }
+    }
 }
 
-struct Slot {
-    state: OnceLock<Result<DeviceState, PluginError>>,
-    /// `f64` bits of the memory fraction set by PyTorch; 0 = none.
-    fraction: AtomicU64,
-}
+/// The process-wide router. Its device count is [`MAX_DEVICES`] until PyTorch reports its own through
+/// `genpool_init`.
+pub(crate) static ROUTER: Pools<PluginOpener> = Pools::with_opener(PluginOpener);
 
 #[allow(clippy::declare_interior_mutable_const)]
-const EMPTY_SLOT: Slot = Slot {
-    state: OnceLock::new(),
-    fraction: AtomicU64::new(0),
-};
-static SLOTS: [Slot; MAX_DEVICES] = [EMPTY_SLOT; MAX_DEVICES];
-/// Device count reported by PyTorch through `genpool_init` (`usize::MAX` = not told: [`MAX_DEVICES`]
-/// bounds the indices).
-static DEVICE_COUNT: AtomicUsize = AtomicUsize::new(usize::MAX);
+const NO_FRACTION: AtomicU64 = AtomicU64::new(0);
+/// Per device: `f64` bits of the memory fraction set by PyTorch; 0 = none.
+static FRACTION: [AtomicU64; MAX_DEVICES] = [NO_FRACTION; MAX_DEVICES];
 static BACKEND: OnceLock<Result<DeviceKind, PluginError>> = OnceLock::new();
 
 /// Record the device count PyTorch reported; indices at or past it are refused from now on.
 pub(crate) fn set_device_count(count: usize) {
-    DEVICE_COUNT.store(count.min(MAX_DEVICES), Relaxed);
+    ROUTER.set_count(count);
 }
 
 /// The exclusive bound on device indices in force.
 pub(crate) fn bound() -> usize {
-    DEVICE_COUNT.load(Relaxed).min(MAX_DEVICES)
+    ROUTER.count()
 }
 
+/// `index` as a slot index (no load: the router checks the device count when it is used).
+#[inline]
+pub(crate) fn slot_index(index: i64) -> Result<usize, PluginError> {
+    match usize::try_from(index) {
+        Ok(i) if i < MAX_DEVICES => Ok(i),
+        _ => Err(PluginError::InvalidDevice {
+            index,
+            bound: bound(),
+        }),
+    }
+}
+
+/// `index` checked against the device count in force.
 pub(crate) fn check_index(index: i64) -> Result<usize, PluginError> {
     let bound = bound();
     if index < 0 || index as u64 >= bound as u64 {
@@ -88,52 +117,51 @@ fn backend() -> Result<DeviceKind, PluginError> {
         .clone()
 }
 
-/// The state of device `index`, created on first use.
-#[inline]
-pub(crate) fn state(index: i64) -> Result<&'static DeviceState, PluginError> {
-    let i = check_index(index)?;
-    match SLOTS[i].state.get_or_init(|| open(i)) {
-        Ok(s) => Ok(s),
-        Err(e) => Err(e.clone()),
-    }
+/// A device index and its default engine.
+#[derive(Clone, Copy)]
+pub(crate) struct DeviceState {
+    index: usize,
+    pub(crate) pool: &'static Pool,
 }
 
-/// The state of device `index` if it was created (and succeeded); never creates one.
-pub(crate) fn existing(index: i64) -> Result<Option<&'static DeviceState>, PluginError> {
-    let i = check_index(index)?;
-    Ok(SLOTS[i].state.get().and_then(|r| r.as_ref().ok()))
+/// The state of device `index`, its engine created on first use.
+#[inline]
+pub(crate) fn state(index: i64) -> Result<DeviceState, PluginError> {
+    let i = slot_index(index)?;
+    ROUTER.pool(i).map(|pool| DeviceState { index: i, pool })
+}
+
+/// The state of device `index` if its engine was created (and succeeded); never creates one.
+pub(crate) fn existing(index: i64) -> Result<Option<DeviceState>, PluginError> {
+    let i = slot_index(index)?;
+    Ok(ROUTER
+        .existing(i)?
+        .map(|pool| DeviceState { index: i, pool }))
 }
 
 /// Every device state created so far.
-pub(crate) fn all_existing() -> impl Iterator<Item = &'static DeviceState> {
-    SLOTS
-        .iter()
-        .filter_map(|s| s.state.get().and_then(|r| r.as_ref().ok()))
+pub(crate) fn all_existing() -> impl Iterator<Item = DeviceState> {
+    ROUTER
+        .existing_pools()
+        .map(|(index, pool)| DeviceState { index, pool })
 }
 
-fn open(index: usize) -> Result<DeviceState, PluginError> {
-    report::init_logging();
-    let res = (|| {
-        let backend = backend()?;
-        let cfg = Config::from_env()?;
-        let device =
-            genpool::devices::open_device(backend, index, gen_device::sim::DEFAULT_CAPACITY)
-                .map_err(|source| PluginError::Open { index, source })?;
-        build(index, device, cfg)
-    })();
-    if let Err(e) = &res {
-        log::error!("genpool: device {index} unavailable: {e}");
-    }
-    res
+/// Allocate `size` bytes for `stream` from device `index`'s default engine, within the memory-fraction
+/// cap (checked against `allocated`, the live bytes the cap counts).
+#[inline]
+pub(crate) fn alloc(
+    index: i64,
+    size: u64,
+    stream: StreamId,
+    allocated: impl FnOnce(&Pool) -> u64,
+) -> Result<genpool::Block, PluginError> {
+    let i = slot_index(index)?;
+    ROUTER.alloc_admitted(i, size, stream, Hint::NONE, |pool| {
+        check_cap(i, pool, size, || allocated(pool))
+    })
 }
 
-/// The created device whose address range holds `addr`, other than `not` (a free PyTorch issued with
-/// another device's index, or one that came through a peer). `#devices` pairs of relaxed loads.
-pub(crate) fn owner_by_address(addr: u64, not: usize) -> Option<&'static DeviceState> {
-    all_existing().find(|s| s.index != not && s.contains(addr))
-}
-
-fn build(index: usize, device: Arc<dyn Device>, cfg: Config) -> Result<DeviceState, PluginError> {
+fn build(index: usize, device: Arc<dyn Device>, cfg: Config) -> Result<Pool, PluginError> {
     let total = device.props().total_mem;
     let name = device.props().name.clone();
     let pool = Pool::new(device, cfg)?;
@@ -141,18 +169,11 @@ fn build(index: usize, device: Arc<dyn Device>, cfg: Config) -> Result<DeviceSta
         "genpool: device {index} ({name}, {total} B) ready: {:?}",
         pool.config()
     );
-    Ok(DeviceState {
-        index,
-        pool,
-        events: EventSpares::new(),
-        stream_waits: AtomicU64::new(0),
-        sync_fallbacks: AtomicU64::new(0),
-        bounds: AddressBounds::new(),
-    })
+    Ok(pool)
 }
 
 pub(crate) fn fraction(index: usize) -> Option<f64> {
-    match SLOTS[index].fraction.load(Relaxed) {
+    match FRACTION[index].load(Relaxed) {
         0 => None,
         bits => Some(f64::from_bits(bits)),
     }
@@ -166,7 +187,36 @@ pub(crate) fn set_fraction(index: i64, fraction: f64) -> Result<(), PluginError>
     if !(fraction > 0.0 && fraction <= 1.0) {
         return Err(PluginError::BadFraction(fraction));
     }
-    SLOTS[i].fraction.store(fraction.to_bits(), Relaxed);
+    FRACTION[i].store(fraction.to_bits(), Relaxed);
+    Ok(())
+}
+
+/// The live-byte cap of device `index` (whose engine is `pool`) from the memory fraction, if one is set.
+fn cap_of(index: usize, pool: &Pool) -> Option<u64> {
+    fraction(index).map(|f| (f * pool.device().props().total_mem as f64) as u64)
+}
+
+/// Refuse an allocation of `size` that would take `allocated` live bytes past device `index`'s
+/// memory-fraction cap, if one is set.
+#[inline]
+fn check_cap(
+    index: usize,
+    pool: &Pool,
+    size: u64,
+    allocated: impl FnOnce() -> u64,
+) -> Result<(), PluginError> {
+    if FRACTION[index].load(Relaxed) != 0 {
+        if let Some(cap) = cap_of(index, pool) {
+            let allocated = allocated();
+            if allocated.saturating_add(size) > cap {
+                return Err(PluginError::OverFraction {
+                    requested: size,
+                    allocated,
+                    cap,
+                });
+            }
+        }
+    }
     Ok(())
 }
 
@@ -178,7 +228,7 @@ impl DeviceState {
 
     /// The live-byte cap from the memory fraction, if one is set.
     pub(crate) fn cap(&self) -> Option<u64> {
-        fraction(self.index).map(|f| (f * self.pool.device().props().total_mem as f64) as u64)
+        cap_of(self.index, self.pool)
     }
 
     /// Refuse an allocation of `size` that would take `allocated` live bytes past the memory-fraction
@@ -189,66 +239,7 @@ impl DeviceState {
         size: u64,
         allocated: impl FnOnce() -> u64,
     ) -> Result<(), PluginError> {
-        if SLOTS[self.index].fraction.load(Relaxed) != 0 {
-            if let Some(cap) = self.cap() {
-                let allocated = allocated();
-                if allocated.saturating_add(size) > cap {
-                    return Err(PluginError::OverFraction {
-                        requested: size,
-                        allocated,
-                        cap,
-                    });
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Note that the default pool handed out `[ptr, ptr + size)` (the address bounds frees route by).
-    #[inline]
-    pub(crate) fn note_range(&self, ptr: u64, size: u64) {
-        self.bounds.note(ptr, size);
-    }
-
-    /// Allocate through the engine, within the memory-fraction cap.
-    #[inline]
-    pub(crate) fn alloc(&self, size: u64, stream: StreamId) -> Result<u64, PluginError> {
-        self.check_cap(size, || self.pool.allocated())?;
-        let b = self.pool.alloc(size, stream, Hint::NONE)?;
-        self.note_range(b.ptr, b.size);
-        Ok(b.ptr)
-    }
-
-    /// Whether `addr` lies in the range of addresses this device ever handed out.
-    #[inline]
-    pub(crate) fn contains(&self, addr: u64) -> bool {
-        self.bounds.contains(addr)
-    }
-
-    /// Make `stream` wait for the work queued so far on each of `others`, so that a block freed on
-    /// `stream` is not reused before kernels on those streams are done with it. If an event call fails,
-    /// falls back to synchronizing the device; if that fails too the error is returned and the caller
-    /// must not free the block.
-    pub(crate) fn order_after(
-        &self,
-        ptr: u64,
-        others: &[StreamId],
-        stream: StreamId,
-    ) -> Result<(), PluginError> {
-        let dev = self.pool.device();
-        for &other in others.iter().filter(|&&s| s != stream) {
-            if let Err(e) = self.events.order_after(dev.as_ref(), other, stream) {
-                log::warn!(
-                    "genpool: event ordering for {ptr:#x} failed ({e}); synchronizing the device"
-                );
-                self.sync_fallbacks.fetch_add(1, Relaxed);
-                return dev
-                    .synchronize()
-                    .map_err(|source| PluginError::StreamOrder { ptr, source });
-            }
-            self.stream_waits.fetch_add(1, Relaxed);
-        }
-        Ok(())
+        check_cap(self.index, self.pool, size, allocated)
     }
 }
 
@@ -264,20 +255,12 @@ pub(crate) mod testing {
     }
 
     /// Install a pool over `device` in slot `index`, which no other test may use.
-    pub(crate) fn install(
-        index: usize,
-        device: Arc<dyn Device>,
-        cfg: Config,
-    ) -> &'static DeviceState {
+    pub(crate) fn install(index: usize, device: Arc<dyn Device>, cfg: Config) -> DeviceState {
         use_sim();
-        let state = build(index, device, cfg).expect("pool over a test device");
-        assert!(
-            SLOTS[index].state.set(Ok(state)).is_ok(),
-            "slot {index} already in use"
-        );
-        match SLOTS[index].state.get() {
-            Some(Ok(s)) => s,
-            _ => unreachable!("just set"),
+        let pool = build(index, device, cfg).expect("pool over a test device");
+        match ROUTER.install(index, pool) {
+            Some(pool) => DeviceState { index, pool },
+            None => panic!("slot {index} already in use"),
         }
     }
 }

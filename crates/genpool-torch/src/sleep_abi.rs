@@ -1,14 +1,15 @@
 //! Tagged memory, sleep and wake across the C ABI (issue 22).
 //!
 //! A *tag* names what a region of the program allocates (`"weights"`, `"kv_cache"`): each tag gets its
-//! own engine ([`genpool::Pool`]) per device, created lazily over the same device as the default pool,
-//! so a tag's pages never share with another tag's and a tag sleeps as a whole
-//! ([`genpool::Pool::sleep`]). Untagged memory is the tag `"default"`: the registry's pools.
+//! own engine ([`genpool::Pool`]) per device, created lazily over the same device as the default pool —
+//! a secondary engine of the router, numbered [`TAG_ENGINES`]` + id` — so a tag's pages never share with
+//! another tag's and a tag sleeps as a whole ([`genpool::Pool::sleep`]). Untagged memory is the tag
+//! `"default"`: the router's default engines.
 //!
 //! - [`genpool_tag_set`] sets the calling thread's tag for the allocations that follow (`NULL`, `""` or
 //!   `"default"`: the default pools). `genpool_malloc` reads it (one thread-local load when none is set).
 //!   The tag is per thread: PyTorch's autograd worker threads allocate under the default tag.
-//! - `genpool_free` finds a tagged block's pool by address (only once some tag pool exists).
+//! - `genpool_free` finds a tagged block's engine by address, as the router finds every block's.
 //! - [`genpool_sleep`] / [`genpool_wake`] act on a comma-separated list of tags (`NULL` or `""`: every
 //!   tag, the default one included). They are all-or-nothing: every tag is checked first (unknown, or
 //!   asleep already / not asleep: nothing done), and a sleep that fails for one tag wakes the tags it had
@@ -23,16 +24,16 @@
 
 use std::cell::Cell;
 use std::ffi::{c_char, c_int, CStr};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, Ordering::Relaxed};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
-use genpool::{Config, Hint, Pool, SleepError, SleepOptions};
+use genpool::{Engine, Hint, Pool, SleepError, SleepOptions};
 use parking_lot::{Mutex, RwLock};
 
 use crate::abi::{fail, guard};
 use crate::error::PluginError;
-use crate::recorded::RECORDED;
-use crate::registry::{self, MAX_DEVICES};
+use crate::pools::TAG_ENGINES;
+use crate::registry::{self, ROUTER};
 use crate::report;
 
 /// `genpool_sleep` flag: copy the tags' memory to pinned host memory first (restored by the wake).
@@ -63,41 +64,52 @@ const MAX_TAGS: usize = 64;
 /// Longest tag name, in bytes.
 const MAX_TAG_LEN: usize = 128;
 
-/// One tag's engine on one device, with the range of addresses it handed out (for routing frees).
-struct TagPool {
-    pool: Pool,
-    lo: AtomicU64,
-    hi: AtomicU64,
-}
-
-impl TagPool {
-    fn owns(&self, addr: u64) -> bool {
-        self.lo.load(Relaxed) <= addr
-            && addr < self.hi.load(Relaxed)
-            && self.pool.lookup(addr).is_some()
-    }
-}
-
 struct Tag {
     name: String,
-    pools: Box<[OnceLock<Result<TagPool, PluginError>>]>,
     asleep: AtomicBool,
 }
 
-impl Tag {
-    fn existing(&self) -> impl Iterator<Item = (usize, &TagPool)> {
-        self.pools
-            .iter()
-            .enumerate()
-            .filter_map(|(i, p)| p.get().and_then(|r| r.as_ref().ok()).map(|p| (i, p)))
+/// A tag's engine on one device: the router's default engine for the default tag, else a secondary one.
+enum TagEngine {
+    Default(&'static Pool),
+    Tagged(Arc<Engine>),
+}
+
+impl std::ops::Deref for TagEngine {
+    type Target = Pool;
+
+    fn deref(&self) -> &Pool {
+        match self {
+            TagEngine::Default(p) => p,
+            TagEngine::Tagged(e) => e.pool(),
+        }
     }
 }
 
-/// Tags by id − 1 (id 0 is the default tag). Tags are never removed (as the registry's pools).
+/// The router's number for tag `id`'s engines.
+fn engine_id(id: u32) -> u64 {
+    TAG_ENGINES + u64::from(id)
+}
+
+/// Tag `id`'s engines (the router's default ones for the default tag), with their devices.
+fn engines_of(id: u32) -> Vec<(usize, TagEngine)> {
+    let devices = registry::all_existing();
+    if id == 0 {
+        return devices
+            .map(|s| (s.index(), TagEngine::Default(s.pool)))
+            .collect();
+    }
+    devices
+        .filter_map(|s| {
+            let e = ROUTER.engine(s.index(), engine_id(id)).ok().flatten()?;
+            Some((s.index(), TagEngine::Tagged(e)))
+        })
+        .collect()
+}
+
+/// Tags by id − 1 (id 0 is the default tag). Tags are never removed (as the router's engines).
 static TAGS: RwLock<Vec<&'static Tag>> = RwLock::new(Vec::new());
-/// Some tag pool exists: frees look for their block in the tag pools first.
-static TAG_POOLS: AtomicBool = AtomicBool::new(false);
-/// The default tag's sleep state (its pools are the registry's).
+/// The default tag's sleep state (its engines are the router's default ones).
 static DEFAULT_ASLEEP: AtomicBool = AtomicBool::new(false);
 /// Serializes sleep and wake calls.
 static SLEEP_LOCK: Mutex<()> = Mutex::new(());
@@ -141,33 +153,10 @@ fn tag_id(name: &str) -> Result<u32, PluginError> {
     }
     let t: &'static Tag = Box::leak(Box::new(Tag {
         name: name.to_string(),
-        pools: (0..MAX_DEVICES).map(|_| OnceLock::new()).collect(),
         asleep: AtomicBool::new(false),
     }));
     tags.push(t);
     Ok(tags.len() as u32)
-}
-
-/// Tag `t`'s pool on device `device`, made on first use over the default pool's device.
-fn tag_pool(t: &Tag, device: i64) -> Result<&TagPool, PluginError> {
-    let state = registry::state(device)?;
-    let slot = &t.pools[state.index()];
-    let made = slot.get_or_init(|| {
-        let cfg = Config::from_env()?;
-        let pool = Pool::new(state.pool.device().clone(), cfg)?;
-        log::info!(
-            "genpool: tag {:?} ready on device {}",
-            t.name,
-            state.index()
-        );
-        TAG_POOLS.store(true, Ordering::SeqCst);
-        Ok(TagPool {
-            pool,
-            lo: AtomicU64::new(u64::MAX),
-            hi: AtomicU64::new(0),
-        })
-    });
-    made.as_ref().map_err(Clone::clone)
 }
 
 /// `genpool_malloc`'s branch for a tagged thread: `None` when the thread has no tag (the default pool
@@ -200,11 +189,15 @@ fn alloc_block(
     if t.asleep.load(Ordering::Acquire) {
         return Err(genpool::GenpoolError::Asleep.into());
     }
-    let tp = tag_pool(t, device)?;
-    let b = tp.pool.alloc(size, stream, Hint::NONE)?;
-    tp.lo.fetch_min(b.ptr, Relaxed);
-    tp.hi.fetch_max(b.ptr + b.size, Relaxed);
-    Ok(b)
+    // Made on first use over the device's default engine (which is made first if need be).
+    let engine = ROUTER.add_engine(registry::slot_index(device)?, engine_id(id))?;
+    Ok(engine.alloc(size, stream, Hint::NONE)?)
+}
+
+/// Whether the calling thread has a tag (one thread-local read).
+#[inline]
+pub(crate) fn tagged() -> bool {
+    CURRENT.with(Cell::get) != 0
 }
 
 /// The PyTorch backend's branch for a tagged thread (`backend_abi`): the block, or `None` when the
@@ -222,92 +215,21 @@ pub(crate) fn tagged_alloc_block(
     Some(alloc_block(id, size, device, stream))
 }
 
-/// The PyTorch backend's free of a tagged block on its own stream: `None` when no tag pool holds
-/// `addr`, else the device index and what the block was.
-#[inline]
-pub(crate) fn tagged_free_owned(
-    addr: u64,
-) -> Option<Result<(usize, genpool::LiveBlock), PluginError>> {
-    let (index, tp) = owner(addr)?;
-    Some((|| {
-        if let Some(others) = RECORDED.take(index, addr) {
-            let own = tp.pool.lookup_detailed(addr).map_or(0, |b| b.stream);
-            registry::state(index as i64)?.order_after(addr, &others, own)?;
-        }
-        Ok((index, tp.pool.free_owned(addr)?))
-    })())
-}
-
-/// The tag pool holding the live block `addr`, with its device index (only once a tag pool exists).
-#[inline]
-fn owner(addr: u64) -> Option<(usize, &'static TagPool)> {
-    if !TAG_POOLS.load(Relaxed) {
-        return None;
-    }
-    owner_slow(addr)
-}
-
-#[inline(never)]
-fn owner_slow(addr: u64) -> Option<(usize, &'static TagPool)> {
-    let tags: Vec<&'static Tag> = TAGS.read().clone();
-    tags.into_iter()
-        .find_map(|t| t.existing().find(|(_, p)| p.owns(addr)))
-}
-
-/// `genpool_free`'s branch for tagged blocks: frees `addr` if a tag pool holds it (true), else leaves it
-/// to the default pools (false).
-#[inline]
-pub(crate) fn tagged_free(addr: u64, stream: u64) -> bool {
-    let Some((index, tp)) = owner(addr) else {
-        return false;
-    };
-    let res = (|| -> Result<u64, PluginError> {
-        if let Some(others) = RECORDED.take(index, addr) {
-            // As for the default pools: on failure the block stays allocated rather than race a kernel.
-            registry::state(index as i64)?.order_after(addr, &others, stream)?;
-        }
-        Ok(tp.pool.free(addr, stream)?)
-    })();
-    if let Err(e) = res {
-        fail(&e);
-    }
-    true
-}
-
-/// The engines of every tag on device `index` (for the PyTorch backend's device statistics: a sleeping
-/// tag's reserved bytes drop, its allocated bytes stay).
-pub(crate) fn tag_engines(index: usize) -> Vec<&'static Pool> {
-    let tags: Vec<&'static Tag> = TAGS.read().clone();
-    tags.into_iter()
-        .filter_map(|t| {
-            t.pools[index]
-                .get()
-                .and_then(|r| r.as_ref().ok())
-                .map(|p| &p.pool)
-        })
-        .collect()
-}
-
-/// `genpool_record_stream`'s branch: the device index of the tag pool holding `addr`, if one does.
-pub(crate) fn tagged_device(addr: u64) -> Option<usize> {
-    owner(addr).map(|(i, _)| i)
-}
-
 /// `genpool_stats_json`'s branch: the tag engines of device `device`, summed (their own figures are in
 /// `genpool_tags_json`).
 pub(crate) fn device_summary(device: i64) -> serde_json::Value {
-    let tags: Vec<&'static Tag> = TAGS.read().clone();
     let (mut allocated, mut reserved, mut sleeping, mut offloaded, mut engines) = (0, 0, 0, 0, 0);
-    for t in &tags {
-        let slot = usize::try_from(device).ok().and_then(|i| t.pools.get(i));
-        if let Some(Ok(p)) = slot.and_then(OnceLock::get) {
-            let s = p.pool.stats();
-            allocated += s.allocated_current;
-            reserved += s.reserved_current;
-            sleeping += s.sleeping_bytes;
-            offloaded += s.offloaded_bytes;
-            engines += 1;
-        }
+    let tagged = usize::try_from(device)
+        .ok()
+        .and_then(|i| ROUTER.engines(i).ok())
+        .unwrap_or_default();
+    for e in tagged.iter().filter(|e| e.id() >= TAG_ENGINES) {
+        let s = e.pool().stats();
+        allocated += s.allocated_current;
+        reserved += s.reserved_current;
+        sleeping += s.sleeping_bytes;
+        offloaded += s.offloaded_bytes;
+        engines += 1;
     }
     serde_json::json!({
         "engines": engines,
@@ -318,13 +240,10 @@ pub(crate) fn device_summary(device: i64) -> serde_json::Value {
     })
 }
 
-/// `genpool_reset`'s branch (`empty_cache`): trim every tag pool; returns the bytes released.
+/// `genpool_reset`'s branch (`empty_cache`): trim every tag's engines; returns the bytes released.
 pub(crate) fn trim_all() -> u64 {
-    let tags: Vec<&'static Tag> = TAGS.read().clone();
-    tags.iter()
-        .flat_map(|t| t.existing())
-        .map(|(_, p)| p.pool.trim())
-        .sum()
+    let n = TAGS.read().len() as u32;
+    (1..=n).flat_map(engines_of).map(|(_, p)| p.trim()).sum()
 }
 
 /// The tag ids named by `csv` (`NULL` / `""`: all, the default one included), in order, deduplicated.
@@ -378,12 +297,9 @@ fn asleep_flag(id: u32) -> &'static AtomicBool {
     }
 }
 
-/// Every existing engine of tag `id` (the registry's for the default tag).
-fn pools_of(id: u32) -> Vec<&'static Pool> {
-    match tag(id) {
-        Some(t) => t.existing().map(|(_, p)| &p.pool).collect(),
-        None => registry::all_existing().map(|s| &s.pool).collect(),
-    }
+/// Every existing engine of tag `id` (the router's default ones for the default tag).
+fn pools_of(id: u32) -> Vec<TagEngine> {
+    engines_of(id).into_iter().map(|(_, e)| e).collect()
 }
 
 fn tag_err(id: u32, e: SleepError) -> PluginError {
@@ -407,7 +323,7 @@ fn sleep_tags(ids: &[u32], opts: SleepOptions) -> Result<(), PluginError> {
     {
         return Err(tag_err(id, SleepError::AlreadyAsleep));
     }
-    let mut slept: Vec<(u32, &'static Pool)> = Vec::new();
+    let mut slept: Vec<(u32, TagEngine)> = Vec::new();
     for &id in ids {
         // Refuse allocations first, then sleep the engines.
         asleep_flag(id).store(true, Ordering::SeqCst);
@@ -562,27 +478,22 @@ fn tags_value() -> serde_json::Value {
     let n = TAGS.read().len() as u32;
     let tags: Vec<serde_json::Value> = (0..=n)
         .map(|id| {
-            let devices: Vec<serde_json::Value> = match tag(id) {
-                Some(t) => t.existing().map(|(i, p)| (i, &p.pool)).collect::<Vec<_>>(),
-                None => registry::all_existing()
-                    .map(|s| (s.index(), &s.pool))
-                    .collect(),
-            }
-            .into_iter()
-            .map(|(i, p)| {
-                let s = p.stats();
-                json!({
-                    "device": i,
-                    "asleep": s.asleep,
-                    "allocated_current": s.allocated_current,
-                    "reserved_current": s.reserved_current,
-                    "sleeping_bytes": s.sleeping_bytes,
-                    "offloaded_bytes": s.offloaded_bytes,
-                    "host_bytes": s.pages.host_bytes,
-                    "live_blocks": p.live_blocks(),
+            let devices: Vec<serde_json::Value> = engines_of(id)
+                .into_iter()
+                .map(|(i, p)| {
+                    let s = p.stats();
+                    json!({
+                        "device": i,
+                        "asleep": s.asleep,
+                        "allocated_current": s.allocated_current,
+                        "reserved_current": s.reserved_current,
+                        "sleeping_bytes": s.sleeping_bytes,
+                        "offloaded_bytes": s.offloaded_bytes,
+                        "host_bytes": s.pages.host_bytes,
+                        "live_blocks": p.live_blocks(),
+                    })
                 })
-            })
-            .collect();
+                .collect();
             json!({
                 "name": name_of(id),
                 "asleep": asleep_flag(id).load(Ordering::Acquire),

@@ -1,147 +1,158 @@
-//! Several devices: one [`Pool`] per device index, created on first use, with frees routed by address.
+//! Several devices behind one router: one [`Pool`] per device index, created on first use, numbered
+//! secondary engines beside it, frees routed by address, and uses on other streams ordered before reuse.
 //!
-//! - [`Pools::alloc`] serves device `d`'s request from `d`'s own tiers whatever device the calling thread
-//!   has current (the engine never looks at the thread's device).
-//! - [`Pools::free`] takes the pointer only: each device's tiers own disjoint address ranges (unified
+//! - [`Pools::alloc`] serves device `d`'s request from `d`'s own engine whatever device the calling
+//!   thread has current (the engine never looks at the thread's device). The engine is made by the
+//!   router's [`Opener`] (a device factory and a configuration for [`Pools::new`]; the PyTorch plug-in's
+//!   own, which reads its environment, for its process-wide router).
+//! - [`Pools::free`] takes the pointer only: each device's engines own disjoint address ranges (unified
 //!   virtual addressing on CUDA; [`gen_device::sim::ORDINAL_STRIDE`] offsets on the simulator), so the
 //!   owner is found by address. Every device keeps the bounding range `[lo, hi)` of the blocks it ever
-//!   handed out in two atomics; a free scans those `#devices` ranges (no lock, no allocation). When
-//!   exactly one range holds the pointer — always the case on the simulator, and the usual one on a GPU —
-//!   that device's pool frees it; when ranges overlap, the candidates' [`Pool::lookup`] decides.
+//!   handed out in two atomics, all devices' side by side; a free takes the first device whose range
+//!   holds the pointer, or [`Pools::free_near`]'s guess when its range does. Once two devices' ranges
+//!   meet (noticed when a range widens), the owner is decided by [`Pool::lookup`] among the candidates.
+//! - **Secondary engines** ([`Engine`], [`Pools::add_engine`]): engines of their own over a device's
+//!   device and configuration, numbered by the caller — the plug-in's private pools (CUDA graphs,
+//!   `MemPool`s) and tags (sleep / wake). Their blocks and pages serve nobody else; frees find them by
+//!   address like the rest (checked first, only while any exists). A released engine
+//!   ([`Pools::release_engine`]) takes no allocation and is dropped with its last block.
 //! - [`Pools::record_use`] says a block is used on a stream of some device (peer access enabled by the
-//!   caller, or a second stream of the owner). At free, a use on another stream of the owner makes the
-//!   free's stream wait for an event recorded on that stream (as `genpool-torch` does for
-//!   `record_stream`); a use on a *peer* device records an event on the peer's stream and the block is
-//!   held back — still live in its pool — until that event completes. Held-back blocks are released by
-//!   the next [`Pools::alloc`] or [`Pools::free`] that finds their events complete, by
-//!   [`Pools::poll_deferred`], or by [`Pools::flush_deferred`] (which waits); an allocation that runs out
-//!   of memory waits for them and retries once. While no block has a recorded use and none is held back,
-//!   the extra cost of a free is two relaxed loads.
+//!   caller, or a second stream of the owner — PyTorch's `record_stream`). At free, a use on another
+//!   stream of the owner makes the free's stream wait for an event recorded on that stream (where the
+//!   event calls fail, the device is synchronized instead); a use on a *peer* device records an event on
+//!   the peer's stream and the block is held back — still live in its engine — until that event
+//!   completes. Held-back blocks are released by the next [`Pools::alloc`] or [`Pools::free`] that finds
+//!   their events complete, by [`Pools::poll_deferred`], or by [`Pools::flush_deferred`] (which waits);
+//!   an allocation that runs out of memory waits for them and retries once.
+//!
+//! The per-call words — device count, whether any secondary engine, recorded use or held-back block
+//! exists, whether ranges meet — share one cache line; while none of those exists the router adds a
+//! handful of relaxed loads of that line and the device's range to the engine's own call. The router can
+//! live in a `static` ([`Pools::with_opener`] is `const`): slots are an array of [`MAX_DEVICES`].
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{
+    fence, AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst,
+};
 use std::sync::{Arc, OnceLock};
 
 use gen_device::{Device, DeviceError, DeviceKind, EventHandle, StreamId};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
 use crate::error::{FreeFault, GenpoolError, Result};
-use crate::{Block, Config, Hint, Pool, PoolStats};
+use crate::{Block, Config, Hint, LiveBlock, Pool, PoolStats};
+
+/// The most device indices one router serves (its slots are an array).
+pub const MAX_DEVICES: usize = 64;
 
 /// Makes the device of an index: `gen_device::open(kind, i)`, or a closure building simulated devices.
 pub type DeviceFactory =
     dyn Fn(usize) -> std::result::Result<Arc<dyn Device>, DeviceError> + Send + Sync;
 
+/// How a router makes the engine of a device index, and the errors its callers see.
+pub trait Opener: Send + Sync {
+    /// What the router's calls return on failure; a failed open is remembered as one.
+    type Error: From<GenpoolError> + Clone + Send + Sync;
+
+    /// The engine of device `index` (called once per index: a failure is remembered).
+    fn open(&self, index: usize) -> std::result::Result<Pool, Self::Error>;
+
+    /// The error for a device index at or past `count`.
+    fn invalid_device(&self, index: usize, count: usize) -> Self::Error {
+        GenpoolError::InvalidDevice {
+            ordinal: index,
+            count,
+        }
+        .into()
+    }
+}
+
+/// The [`Opener`] of [`Pools::new`]: a [`DeviceFactory`] and one configuration for every device.
+pub struct Factory {
+    make: Box<DeviceFactory>,
+    cfg: Config,
+}
+
+impl Opener for Factory {
+    type Error = GenpoolError;
+
+    fn open(&self, index: usize) -> Result<Pool> {
+        Pool::new((self.make)(index)?, self.cfg.clone())
+    }
+}
+
 /// Independently locked shards of the recorded-use table.
 const USE_SHARDS: usize = 16;
 
-/// Recorded uses of blocks in one shard: block address → `(device, stream)`s.
-type UseShard = Mutex<HashMap<u64, Vec<(usize, StreamId)>>>;
+/// Recorded uses of blocks in one shard: block address → `(device, stream)`s; `None` until first used
+/// (so that a router can be built in a `const`).
+type UseShard = Mutex<Option<HashMap<u64, Vec<(usize, StreamId)>>>>;
 
-/// One device index: its pool (or why it could not be made) and the address range of its blocks.
-struct Slot {
-    pool: OnceLock<Result<Pool>>,
-    bounds: AddressBounds,
-    events: EventSpares,
-}
-
-impl Slot {
-    fn new() -> Self {
-        Slot {
-            pool: OnceLock::new(),
-            bounds: AddressBounds::new(),
-            events: EventSpares::new(),
-        }
-    }
-
-    fn created(&self) -> Option<&Pool> {
-        self.pool.get().and_then(|r| r.as_ref().ok())
-    }
-
-    #[inline]
-    fn note(&self, ptr: u64, size: u64) {
-        self.bounds.note(ptr, size);
-    }
-
-    #[inline]
-    fn contains(&self, ptr: u64) -> bool {
-        self.bounds.contains(ptr)
-    }
-
-    fn take_event(&self, dev: &dyn Device) -> std::result::Result<EventHandle, DeviceError> {
-        self.events.take(dev)
-    }
-
-    fn give_event(&self, event: EventHandle) {
-        self.events.give(event);
-    }
-}
-
-/// The range `[lo, hi)` of the addresses a device ever handed out: a free is routed to the device whose
-/// range holds its pointer (`#devices` pairs of relaxed loads). Used by [`Pools`] and by the PyTorch
-/// plug-in's registry.
+/// The range `[lo, hi)` of the addresses an engine ever handed out: a free is routed to the engine whose
+/// range holds its pointer (a pair of relaxed loads).
 #[derive(Debug)]
-pub struct AddressBounds {
+struct AddressBounds {
     /// Lowest address ever handed out (`u64::MAX` before the first).
     lo: AtomicU64,
     /// One past the highest byte ever handed out (0 before the first).
     hi: AtomicU64,
 }
 
-impl Default for AddressBounds {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl AddressBounds {
-    /// No address yet.
-    pub const fn new() -> Self {
+    const fn new() -> Self {
         AddressBounds {
             lo: AtomicU64::new(u64::MAX),
             hi: AtomicU64::new(0),
         }
     }
 
-    /// Widen the range to hold `[ptr, ptr + size)`. Relaxed is enough: a free of `ptr` on another thread
-    /// got the pointer through some synchronization after this call, and coherence makes it see these
-    /// stores (or later, wider ones).
+    /// Widen the range to hold `[ptr, ptr + size)`; true when it grew. Relaxed is enough: a free of
+    /// `ptr` on another thread got the pointer through some synchronization after this call, and
+    /// coherence makes it see these stores (or later, wider ones).
     #[inline]
-    pub fn note(&self, ptr: u64, size: u64) {
+    fn note(&self, ptr: u64, size: u64) -> bool {
+        let mut grew = false;
         if ptr < self.lo.load(Relaxed) {
             self.lo.fetch_min(ptr, Relaxed);
+            grew = true;
         }
         let end = ptr.saturating_add(size);
         if end > self.hi.load(Relaxed) {
             self.hi.fetch_max(end, Relaxed);
+            grew = true;
         }
+        grew
     }
 
     /// Whether `ptr` lies in the range.
     #[inline]
-    pub fn contains(&self, ptr: u64) -> bool {
+    fn contains(&self, ptr: u64) -> bool {
         self.lo.load(Relaxed) <= ptr && ptr < self.hi.load(Relaxed)
+    }
+
+    /// Whether two ranges share an address.
+    fn meets(&self, other: &AddressBounds) -> bool {
+        self.lo.load(SeqCst) < other.hi.load(SeqCst) && other.lo.load(SeqCst) < self.hi.load(SeqCst)
     }
 }
 
 /// Spare events of one device, for ordering a free after work on other streams (an event can be
 /// re-recorded as soon as a `stream_wait_event` on it was issued: the wait captures the record made
-/// before it). Used by [`Pools`] and by the PyTorch plug-in's `record_stream` ordering.
-#[derive(Debug, Default)]
-pub struct EventSpares {
+/// before it).
+#[derive(Debug)]
+struct EventSpares {
     spare: Mutex<Vec<EventHandle>>,
 }
 
 impl EventSpares {
-    /// None yet.
-    pub const fn new() -> Self {
+    const fn new() -> Self {
         EventSpares {
             spare: Mutex::new(Vec::new()),
         }
     }
 
     /// A spare event, or a new one of `dev`.
-    pub fn take(&self, dev: &dyn Device) -> std::result::Result<EventHandle, DeviceError> {
+    fn take(&self, dev: &dyn Device) -> std::result::Result<EventHandle, DeviceError> {
         let spare = self.spare.lock().pop();
         match spare {
             Some(e) => Ok(e),
@@ -150,7 +161,7 @@ impl EventSpares {
     }
 
     /// Destroy every spare event (the owner is going away).
-    pub fn destroy_all(&self, dev: &dyn Device) {
+    fn destroy_all(&self, dev: &dyn Device) {
         for ev in self.spare.lock().drain(..) {
             if let Err(e) = dev.event_destroy(ev) {
                 log::error!("genpool: destroying an event at drop: {e}");
@@ -159,13 +170,12 @@ impl EventSpares {
     }
 
     /// Give `event` back for reuse.
-    pub fn give(&self, event: EventHandle) {
+    fn give(&self, event: EventHandle) {
         self.spare.lock().push(event);
     }
 
-    /// Make `stream` of `dev` wait for the work queued so far on its stream `other`: a block freed on
-    /// `stream` and used on `other` is then not reused before that work is done.
-    pub fn order_after(
+    /// Make `stream` of `dev` wait for the work queued so far on its stream `other`.
+    fn order_after(
         &self,
         dev: &dyn Device,
         other: StreamId,
@@ -180,12 +190,133 @@ impl EventSpares {
     }
 }
 
+/// A secondary engine of a device ([`Pools::add_engine`]): a [`Pool`] of its own over the device and
+/// configuration of the device's default engine, under a number its owner chose (never 0, which names
+/// the default engine in [`Freed::engine`]).
+pub struct Engine {
+    id: u64,
+    pool: Pool,
+    /// The addresses it ever handed out (frees are routed by address).
+    bounds: AddressBounds,
+    /// Released by its owner: no new allocations; dropped once its last block is freed.
+    released: AtomicBool,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("id", &self.id)
+            .field("released", &self.is_released())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// Its number.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The engine itself (statistics, trimming, sleep; allocate through [`Engine::alloc`], which
+    /// remembers the block's address for the frees).
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// Whether its owner released it ([`Pools::release_engine`]).
+    pub fn is_released(&self) -> bool {
+        self.released.load(SeqCst)
+    }
+
+    /// Allocate from this engine (see [`Pool::alloc`]); [`Pools::free`] finds the block by address.
+    pub fn alloc(&self, size: u64, stream: StreamId, hint: Hint) -> Result<Block> {
+        let b = self.pool.alloc(size, stream, hint)?;
+        self.bounds.note(b.ptr, b.size);
+        Ok(b)
+    }
+
+    /// Whether the live block `ptr` is this engine's.
+    fn owns(&self, ptr: u64) -> bool {
+        self.bounds.contains(ptr) && self.pool.lookup(ptr).is_some()
+    }
+}
+
+/// One device index: its default engine (or why it could not be made), its secondary engines, and what
+/// ordering frees after other streams needs.
+struct Slot<E> {
+    pool: OnceLock<std::result::Result<Pool, E>>,
+    engines: RwLock<Vec<Arc<Engine>>>,
+    events: EventSpares,
+    /// `stream_wait_event`s issued for frees of blocks used on other streams of this device.
+    stream_waits: AtomicU64,
+    /// Frees ordered by a whole-device synchronize because an event call failed.
+    sync_fallbacks: AtomicU64,
+}
+
+impl<E> Slot<E> {
+    const fn new() -> Self {
+        Slot {
+            pool: OnceLock::new(),
+            engines: RwLock::new(Vec::new()),
+            events: EventSpares::new(),
+            stream_waits: AtomicU64::new(0),
+            sync_fallbacks: AtomicU64::new(0),
+        }
+    }
+
+    #[inline]
+    fn created(&self) -> Option<&Pool> {
+        self.pool.get().and_then(|r| r.as_ref().ok())
+    }
+}
+
+/// What every call reads, in one cache line.
+#[repr(C, align(64))]
+struct Hot {
+    /// Device indices served (at most [`MAX_DEVICES`]).
+    count: AtomicUsize,
+    /// One past the highest index whose default engine was made: routing looks no further.
+    high: AtomicUsize,
+    /// Secondary engines, all devices together.
+    engines: AtomicUsize,
+    /// Blocks with recorded uses.
+    used_blocks: AtomicUsize,
+    /// Blocks held back for peer work.
+    deferred_len: AtomicUsize,
+    /// Two devices' address ranges meet: frees are routed by lookup among the candidates.
+    overlap: AtomicBool,
+}
+
+/// Where a block lives: a device's default engine or one of its secondary engines.
+enum Home<'a> {
+    Default(&'a Pool),
+    Engine(Arc<Engine>),
+}
+
+impl Home<'_> {
+    fn pool(&self) -> &Pool {
+        match self {
+            Home::Default(p) => p,
+            Home::Engine(e) => &e.pool,
+        }
+    }
+
+    fn id(&self) -> u64 {
+        match self {
+            Home::Default(_) => 0,
+            Home::Engine(e) => e.id,
+        }
+    }
+}
+
 /// A block held back until work on peer devices is done.
 struct Deferred {
     owner: usize,
+    engine: Option<Arc<Engine>>,
     ptr: u64,
     size: u64,
-    stream: StreamId,
+    /// The stream to free it on (`None`: its own, [`Pool::free_owned`]).
+    stream: Option<StreamId>,
     /// `(device, event)`: each recorded on the peer stream that used the block.
     events: Vec<(usize, EventHandle)>,
 }
@@ -195,52 +326,56 @@ struct Deferred {
 pub struct Freed {
     /// The device that owns the block.
     pub device: usize,
+    /// The secondary engine that held it ([`Engine::id`]); 0 for the device's default engine.
+    pub engine: u64,
     /// Bytes the block spanned.
     pub size: u64,
     /// True when the block is held back until peer-device work recorded by [`Pools::record_use`]
-    /// completes (it is then still counted live in its pool).
+    /// completes (it is then still counted live in its engine).
     pub deferred: bool,
 }
 
 /// Counters of the multi-device layer, plus each device's own statistics.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct PoolsStats {
-    /// Per device index: its pool's statistics, `None` for a device with no pool yet (or one that
-    /// failed to open).
+    /// Per device index: its default engine's statistics, `None` for a device with none yet (or one
+    /// that failed to open).
     pub devices: Vec<Option<PoolStats>>,
     /// Frees whose owner was not found by address.
     pub unrouted_frees: u64,
     /// Stream waits issued for uses on other streams of the owning device.
     pub stream_waits: u64,
+    /// Frees ordered by a device synchronize because an event call failed.
+    pub sync_fallbacks: u64,
+    /// Blocks with recorded uses now.
+    pub recorded_blocks: usize,
     /// Frees held back for peer-device uses, in total.
     pub deferred_frees: u64,
     /// Blocks held back now.
     pub deferred_pending: usize,
 }
 
-/// One [`Pool`] per device index, created lazily from a [`DeviceFactory`]. `Send + Sync`.
-pub struct Pools {
-    slots: Box<[Slot]>,
-    factory: Box<DeviceFactory>,
-    cfg: Config,
+/// One engine per device index, created lazily by an [`Opener`], with secondary engines, frees routed
+/// by address and recorded uses. `Send + Sync`. See the module doc.
+pub struct Pools<O: Opener = Factory> {
+    hot: Hot,
+    /// Each device's range, side by side (a free reads one or a few of them).
+    bounds: [AddressBounds; MAX_DEVICES],
+    slots: [Slot<O::Error>; MAX_DEVICES],
+    opener: O,
     /// Recorded uses: block address → `(device, stream)`s.
     uses: [UseShard; USE_SHARDS],
-    /// Blocks with recorded uses (the free path reads this first).
-    used_blocks: AtomicUsize,
     deferred: Mutex<Vec<Deferred>>,
-    /// `deferred.len()`, readable without the lock.
-    deferred_len: AtomicUsize,
     deferred_total: AtomicU64,
     unrouted: AtomicU64,
-    stream_waits: AtomicU64,
 }
 
-impl std::fmt::Debug for Pools {
+impl<O: Opener> std::fmt::Debug for Pools<O> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pools")
-            .field("count", &self.slots.len())
-            .field("cfg", &self.cfg)
-            .finish()
+            .field("count", &self.count())
+            .field("made", &self.existing_pools().count())
+            .finish_non_exhaustive()
     }
 }
 
@@ -248,7 +383,13 @@ fn use_shard(ptr: u64) -> usize {
     ((ptr >> 9).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60) as usize % USE_SHARDS
 }
 
-/// A simulated device of ordinal `i` whose addresses never meet another ordinal's.
+fn unknown(ptr: u64) -> GenpoolError {
+    GenpoolError::InvalidFree {
+        ptr,
+        fault: FreeFault::Unknown,
+    }
+}
+
 /// Device `index` of `kind`: CUDA through [`gen_device::open`]; simulated (also `Auto`'s fallback
 /// without a driver) with `sim_capacity` bytes and an address range of its own
 /// ([`gen_device::sim::ORDINAL_STRIDE`] apart), so frees can be routed by address.
@@ -270,6 +411,7 @@ pub fn open_device(
     }
 }
 
+/// A simulated device of ordinal `i` whose addresses never meet another ordinal's.
 fn sim_device(i: usize, capacity: u64) -> std::result::Result<Arc<dyn Device>, DeviceError> {
     let off = (i as u64)
         .checked_mul(gen_device::sim::ORDINAL_STRIDE)
@@ -286,9 +428,10 @@ fn sim_device(i: usize, capacity: u64) -> std::result::Result<Arc<dyn Device>, D
     ))
 }
 
-impl Pools {
-    /// `count` device indices, each device made by `factory` on its first use and given a pool with
-    /// `cfg`. A factory or pool failure is remembered: later calls for that device return it again.
+impl Pools<Factory> {
+    /// `count` device indices (at most [`MAX_DEVICES`]), each device made by `factory` on its first use
+    /// and given a pool with `cfg`. A factory or pool failure is remembered: later calls for that device
+    /// return it again.
     pub fn new(
         count: usize,
         cfg: Config,
@@ -297,18 +440,12 @@ impl Pools {
             + Sync
             + 'static,
     ) -> Self {
-        Pools {
-            slots: (0..count).map(|_| Slot::new()).collect(),
-            factory: Box::new(factory),
+        let pools = Pools::with_opener(Factory {
+            make: Box::new(factory),
             cfg,
-            uses: std::array::from_fn(|_| Mutex::new(HashMap::new())),
-            used_blocks: AtomicUsize::new(0),
-            deferred: Mutex::new(Vec::new()),
-            deferred_len: AtomicUsize::new(0),
-            deferred_total: AtomicU64::new(0),
-            unrouted: AtomicU64::new(0),
-            stream_waits: AtomicU64::new(0),
-        }
+        });
+        pools.set_count(count);
+        pools
     }
 
     /// `count` simulated devices of `capacity` bytes each, with disjoint address ranges.
@@ -322,25 +459,70 @@ impl Pools {
         let capacity = gen_device::sim::DEFAULT_CAPACITY;
         Pools::new(count, cfg, move |i| open_device(kind, i, capacity))
     }
+}
 
-    /// Number of device indices.
+impl<O: Opener> Pools<O> {
+    /// A router of [`MAX_DEVICES`] indices whose engines `opener` makes; `const`, so that it can be a
+    /// `static`. Nothing is opened before first use.
+    pub const fn with_opener(opener: O) -> Self {
+        Pools {
+            hot: Hot {
+                count: AtomicUsize::new(MAX_DEVICES),
+                high: AtomicUsize::new(0),
+                engines: AtomicUsize::new(0),
+                used_blocks: AtomicUsize::new(0),
+                deferred_len: AtomicUsize::new(0),
+                overlap: AtomicBool::new(false),
+            },
+            bounds: [const { AddressBounds::new() }; MAX_DEVICES],
+            slots: [const { Slot::new() }; MAX_DEVICES],
+            opener,
+            uses: [const { Mutex::new(None) }; USE_SHARDS],
+            deferred: Mutex::new(Vec::new()),
+            deferred_total: AtomicU64::new(0),
+            unrouted: AtomicU64::new(0),
+        }
+    }
+
+    /// Number of device indices served.
+    #[inline]
     pub fn count(&self) -> usize {
-        self.slots.len()
+        self.hot.count.load(Relaxed)
     }
 
-    fn slot(&self, device: usize) -> Result<&Slot> {
-        self.slots.get(device).ok_or(GenpoolError::InvalidDevice {
-            ordinal: device,
-            count: self.slots.len(),
-        })
+    /// Serve `count` device indices from now on (at most [`MAX_DEVICES`]); engines already made stay,
+    /// and their blocks are still freed.
+    pub fn set_count(&self, count: usize) {
+        self.hot.count.store(count.min(MAX_DEVICES), Relaxed);
     }
 
-    /// Device `device`'s pool, created on first use.
-    pub fn pool(&self, device: usize) -> Result<&Pool> {
-        let slot = self.slot(device)?;
-        let res = slot.pool.get_or_init(|| {
-            let dev = (self.factory)(device)?;
-            Pool::new(dev, self.cfg.clone())
+    #[inline]
+    fn slot(&self, device: usize) -> std::result::Result<&Slot<O::Error>, O::Error> {
+        let count = self.count();
+        if device >= count {
+            return Err(self.opener.invalid_device(device, count));
+        }
+        Ok(&self.slots[device])
+    }
+
+    /// Device `device`'s default engine, created on first use.
+    #[inline]
+    pub fn pool(&self, device: usize) -> std::result::Result<&Pool, O::Error> {
+        match self.slot(device)?.pool.get() {
+            Some(Ok(p)) => Ok(p),
+            _ => self.open_slow(device),
+        }
+    }
+
+    #[cold]
+    fn open_slow(&self, device: usize) -> std::result::Result<&Pool, O::Error> {
+        let res = self.slots[device].pool.get_or_init(|| {
+            let made = self.opener.open(device);
+            if made.is_ok() {
+                // Before any of its blocks is handed out: routing looks up to `high`.
+                self.hot.high.fetch_max(device + 1, SeqCst);
+            }
+            made
         });
         match res {
             Ok(p) => Ok(p),
@@ -348,138 +530,356 @@ impl Pools {
         }
     }
 
-    /// Device `device`'s pool if it was created (and succeeded); never creates one.
-    pub fn existing(&self, device: usize) -> Result<Option<&Pool>> {
+    /// Make `pool` device `device`'s default engine (tests, and callers that build engines themselves).
+    /// `None` (and `pool` dropped) when the index is invalid or the device already has an engine (or a
+    /// remembered failure).
+    pub fn install(&self, device: usize, pool: Pool) -> Option<&Pool> {
+        if device >= self.count() || self.slots[device].pool.set(Ok(pool)).is_err() {
+            return None;
+        }
+        self.hot.high.fetch_max(device + 1, SeqCst);
+        self.slots[device].created()
+    }
+
+    /// Device `device`'s default engine if it was created (and succeeded); never creates one.
+    pub fn existing(&self, device: usize) -> std::result::Result<Option<&Pool>, O::Error> {
         Ok(self.slot(device)?.created())
     }
 
-    /// Allocate `size` bytes from device `device`'s tiers for use on `stream` (a stream of that device),
-    /// whatever the calling thread's current device is. See [`Pool::alloc`]; an out-of-memory with
-    /// blocks held back for peer work first waits for that work, releases them and retries once.
-    pub fn alloc(&self, device: usize, size: u64, stream: StreamId, hint: Hint) -> Result<Block> {
+    /// Every default engine created so far, with its device index.
+    pub fn existing_pools(&self) -> impl Iterator<Item = (usize, &Pool)> {
+        let high = self.hot.high.load(SeqCst);
+        self.slots[..high]
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.created().map(|p| (i, p)))
+    }
+
+    /// Allocate `size` bytes from device `device`'s default engine for use on `stream` (a stream of that
+    /// device), whatever the calling thread's current device is. See [`Pool::alloc`]; an out-of-memory
+    /// with blocks held back for peer work first waits for that work, releases them and retries once.
+    #[inline]
+    pub fn alloc(
+        &self,
+        device: usize,
+        size: u64,
+        stream: StreamId,
+        hint: Hint,
+    ) -> std::result::Result<Block, O::Error> {
+        self.alloc_admitted(device, size, stream, hint, |_| Ok(()))
+    }
+
+    /// [`Pools::alloc`], refused without a change when `admit` refuses it (given the device's engine
+    /// before the allocation: a cap on the caller's side).
+    #[inline]
+    pub fn alloc_admitted(
+        &self,
+        device: usize,
+        size: u64,
+        stream: StreamId,
+        hint: Hint,
+        admit: impl FnOnce(&Pool) -> std::result::Result<(), O::Error>,
+    ) -> std::result::Result<Block, O::Error> {
         let pool = self.pool(device)?;
-        if self.deferred_len.load(Relaxed) != 0 {
+        admit(pool)?;
+        if self.hot.deferred_len.load(Relaxed) != 0 {
             self.poll_deferred();
         }
         let block = match pool.alloc(size, stream, hint) {
-            Err(e) if e.is_oom() && self.deferred_len.load(Relaxed) != 0 => {
-                self.flush_deferred()?;
+            Err(e) if e.is_oom() && self.hot.deferred_len.load(Relaxed) != 0 => {
+                self.release_deferred(true)?;
                 pool.alloc(size, stream, hint)?
             }
             other => other?,
         };
-        self.slots[device].note(block.ptr, block.size);
+        if self.bounds[device].note(block.ptr, block.size) {
+            self.widened(device);
+        }
         Ok(block)
     }
 
-    /// The device whose pool holds the live block at `ptr`, if any. At most `#devices` range checks,
-    /// plus pool lookups only where ranges overlap.
+    /// Device `device`'s range grew: does it meet another device's now? (Cold: ranges grow with the
+    /// engines' address space, not with each block.)
+    #[cold]
+    fn widened(&self, device: usize) {
+        if self.hot.overlap.load(Relaxed) {
+            return;
+        }
+        // Pairs with the other device's fence: of two ranges growing into each other at once, at least
+        // one of the two checks sees the other's growth.
+        fence(SeqCst);
+        let high = self.hot.high.load(SeqCst);
+        let mine = &self.bounds[device];
+        if (0..high).any(|d| d != device && mine.meets(&self.bounds[d])) {
+            log::info!("genpool: device {device}'s addresses meet another device's: frees are routed by lookup");
+            self.hot.overlap.store(true, SeqCst);
+        }
+    }
+
+    /// The device whose default engine or secondary engines hold the live block at `ptr`, if any.
     pub fn owner(&self, ptr: u64) -> Option<usize> {
-        self.route(ptr).filter(|&d| {
+        if self.hot.engines.load(Relaxed) != 0 {
+            if let Some((d, _)) = self.engine_of(ptr) {
+                return Some(d);
+            }
+        }
+        self.candidates(ptr).find(|&d| {
             self.slots[d]
                 .created()
                 .is_some_and(|p| p.lookup(ptr).is_some())
         })
     }
 
-    /// The device whose range holds `ptr`: the only candidate, or, where ranges overlap, the first whose
-    /// pool knows the block (else the first candidate, which then reports the fault).
+    /// The devices whose ranges hold `ptr`, lowest index first.
+    fn candidates(&self, ptr: u64) -> impl Iterator<Item = usize> + '_ {
+        let high = self.hot.high.load(Relaxed);
+        (0..high).filter(move |&d| self.bounds[d].contains(ptr))
+    }
+
+    /// The device whose range holds `ptr`: `near` when its range does, else the first that does; where
+    /// ranges meet, the first candidate whose engine knows the block (else the first candidate, which then
+    /// reports the fault).
     #[inline]
-    fn route(&self, ptr: u64) -> Option<usize> {
-        let mut first = None;
-        for (i, s) in self.slots.iter().enumerate() {
-            if s.contains(ptr) {
-                if first.is_some() {
-                    return self.route_overlapping(ptr).or(first);
-                }
-                first = Some(i);
-            }
+    fn route(&self, ptr: u64, near: Option<usize>) -> Option<usize> {
+        if self.hot.overlap.load(Relaxed) {
+            return self.route_overlapping(ptr);
         }
-        first
+        if let Some(d) = near.filter(|&d| d < MAX_DEVICES && self.bounds[d].contains(ptr)) {
+            return Some(d);
+        }
+        self.candidates(ptr).next()
     }
 
     #[cold]
     fn route_overlapping(&self, ptr: u64) -> Option<usize> {
-        self.slots
-            .iter()
-            .position(|s| s.contains(ptr) && s.created().is_some_and(|p| p.lookup(ptr).is_some()))
+        let first = self.candidates(ptr).next()?;
+        self.owner(ptr).or(Some(first))
     }
 
-    /// Free the block at `ptr` on `stream` (a stream of the owning device), whichever device owns it —
-    /// found by address. Blocks with uses recorded by [`Pools::record_use`] are ordered after them (see
-    /// the module doc). Null, unknown and double frees are [`GenpoolError::InvalidFree`] and change
-    /// nothing.
-    pub fn free(&self, ptr: u64, stream: StreamId) -> Result<Freed> {
+    /// The secondary engine holding the live block at `ptr`, with its device.
+    #[cold]
+    fn engine_of(&self, ptr: u64) -> Option<(usize, Arc<Engine>)> {
+        self.find_engine(|e| e.owns(ptr))
+    }
+
+    /// The first secondary engine (devices in order) that `pred` accepts, with its device.
+    fn find_engine(&self, pred: impl Fn(&Engine) -> bool) -> Option<(usize, Arc<Engine>)> {
+        let high = self.hot.high.load(SeqCst);
+        self.slots[..high].iter().enumerate().find_map(|(d, s)| {
+            s.engines
+                .read()
+                .iter()
+                .find(|e| pred(e))
+                .map(|e| (d, e.clone()))
+        })
+    }
+
+    /// Free the block at `ptr` on `stream` (a stream of the owning device), whichever device and engine
+    /// own it — found by address. Blocks with uses recorded by [`Pools::record_use`] are ordered after
+    /// them (see the module doc). Null, unknown and double frees are [`GenpoolError::InvalidFree`] and
+    /// change nothing.
+    pub fn free(&self, ptr: u64, stream: StreamId) -> std::result::Result<Freed, O::Error> {
+        self.free_in(ptr, None, Some(stream))
+            .map(|(f, _)| f)
+            .map_err(O::Error::from)
+    }
+
+    /// [`Pools::free`] with a guess at the owner (the device the caller was told; a wrong or invalid
+    /// guess costs a range check).
+    #[inline]
+    pub fn free_near(
+        &self,
+        ptr: u64,
+        device: usize,
+        stream: StreamId,
+    ) -> std::result::Result<Freed, O::Error> {
+        self.free_in(ptr, Some(device), Some(stream))
+            .map(|(f, _)| f)
+            .map_err(O::Error::from)
+    }
+
+    /// Free the block at `ptr` on the stream it was allocated for ([`Pool::free_owned`]), wherever it
+    /// lives, as [`Pools::free`]; also returns what the block was.
+    #[inline]
+    pub fn free_owned(&self, ptr: u64) -> std::result::Result<(Freed, LiveBlock), O::Error> {
+        match self.free_in(ptr, None, None) {
+            Ok((f, Some(b))) => Ok((f, b)),
+            Ok((_, None)) => unreachable!("an owned free returns its block"),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    #[inline]
+    fn free_in(
+        &self,
+        ptr: u64,
+        near: Option<usize>,
+        stream: Option<StreamId>,
+    ) -> Result<(Freed, Option<LiveBlock>)> {
         if ptr == 0 {
             return Err(GenpoolError::InvalidFree {
                 ptr,
                 fault: FreeFault::Null,
             });
         }
-        if self.deferred_len.load(Relaxed) != 0 {
-            self.poll_deferred();
-            if self.deferred.lock().iter().any(|d| d.ptr == ptr) {
-                return Err(GenpoolError::InvalidFree {
-                    ptr,
-                    fault: FreeFault::DoubleFree,
-                });
+        if self.hot.deferred_len.load(Relaxed) != 0 {
+            self.check_deferred(ptr)?;
+        }
+        if self.hot.engines.load(Relaxed) != 0 {
+            if let Some((owner, e)) = self.engine_of(ptr) {
+                return self.free_at(owner, Home::Engine(e), ptr, stream);
             }
         }
-        let Some(owner) = self.route(ptr) else {
-            self.unrouted.fetch_add(1, Relaxed);
-            return Err(GenpoolError::InvalidFree {
-                ptr,
-                fault: FreeFault::Unknown,
-            });
+        let Some(owner) = self.route(ptr, near) else {
+            return self.free_unrouted(ptr, near, stream);
         };
-        // A device's range is non-empty only once its pool handed out a block.
+        // A device with an address range has an engine: its range is noted only after an allocation.
         let pool = self.slots[owner]
             .created()
-            .expect("a device with an address range has a pool");
-        if self.used_blocks.load(Relaxed) != 0 {
+            .expect("a device with an address range has an engine");
+        match self.free_at(owner, Home::Default(pool), ptr, stream) {
+            Err(GenpoolError::InvalidFree {
+                fault: FreeFault::Unknown,
+                ..
+            }) if self.owner(ptr).is_some_and(|d| d != owner) => self.free_rerouted(ptr, stream),
+            other => other,
+        }
+    }
+
+    /// No device's range holds `ptr`: the fault is reported (and counted in its statistics) by a
+    /// secondary engine whose range holds it (a double free), else by `near`'s engine if it has one,
+    /// else the pointer is unknown to the router.
+    #[cold]
+    fn free_unrouted(
+        &self,
+        ptr: u64,
+        near: Option<usize>,
+        stream: Option<StreamId>,
+    ) -> Result<(Freed, Option<LiveBlock>)> {
+        if let Some((d, e)) = self.find_engine(|e| e.bounds.contains(ptr)) {
+            return self.free_at(d, Home::Engine(e), ptr, stream);
+        }
+        let near = near.filter(|&d| d < MAX_DEVICES);
+        if let Some((d, pool)) = near.and_then(|d| Some((d, self.slots[d].created()?))) {
+            return self.free_at(d, Home::Default(pool), ptr, stream);
+        }
+        self.unrouted.fetch_add(1, Relaxed);
+        Err(unknown(ptr))
+    }
+
+    /// The block was not in the engine its range pointed to (ranges began to meet while the free was
+    /// routed): route it by lookup.
+    #[cold]
+    fn free_rerouted(
+        &self,
+        ptr: u64,
+        stream: Option<StreamId>,
+    ) -> Result<(Freed, Option<LiveBlock>)> {
+        let owner = self.owner(ptr).ok_or_else(|| unknown(ptr))?;
+        let pool = self.slots[owner].created().ok_or_else(|| unknown(ptr))?;
+        self.free_at(owner, Home::Default(pool), ptr, stream)
+    }
+
+    /// Free `ptr` in `home`, after its recorded uses if it has any.
+    #[inline]
+    fn free_at(
+        &self,
+        owner: usize,
+        home: Home<'_>,
+        ptr: u64,
+        stream: Option<StreamId>,
+    ) -> Result<(Freed, Option<LiveBlock>)> {
+        if self.hot.used_blocks.load(Relaxed) != 0 {
             if let Some(uses) = self.take_uses(ptr) {
-                return self.free_after_uses(owner, pool, ptr, stream, uses);
+                return self.free_after_uses(owner, home, ptr, stream, uses);
             }
         }
-        let size = pool.free(ptr, stream)?;
-        Ok(Freed {
+        self.free_now(owner, &home, ptr, stream)
+    }
+
+    #[inline]
+    fn free_now(
+        &self,
+        owner: usize,
+        home: &Home<'_>,
+        ptr: u64,
+        stream: Option<StreamId>,
+    ) -> Result<(Freed, Option<LiveBlock>)> {
+        let pool = home.pool();
+        let (size, block) = match stream {
+            Some(s) => (pool.free(ptr, s)?, None),
+            None => {
+                let b = pool.free_owned(ptr)?;
+                (b.size, Some(b))
+            }
+        };
+        if let Home::Engine(e) = home {
+            self.drop_if_done(owner, e);
+        }
+        let freed = Freed {
             device: owner,
+            engine: home.id(),
             size,
             deferred: false,
-        })
+        };
+        Ok((freed, block))
+    }
+
+    /// A free while blocks are held back: release those whose work is done, and refuse a second free of
+    /// one still held.
+    #[cold]
+    fn check_deferred(&self, ptr: u64) -> Result<()> {
+        self.poll_deferred();
+        if self.deferred.lock().iter().any(|d| d.ptr == ptr) {
+            return Err(GenpoolError::InvalidFree {
+                ptr,
+                fault: FreeFault::DoubleFree,
+            });
+        }
+        Ok(())
     }
 
     fn take_uses(&self, ptr: u64) -> Option<Vec<(usize, StreamId)>> {
-        let uses = self.uses[use_shard(ptr)].lock().remove(&ptr)?;
-        self.used_blocks.fetch_sub(1, Relaxed);
+        let uses = self.uses[use_shard(ptr)].lock().as_mut()?.remove(&ptr)?;
+        self.hot.used_blocks.fetch_sub(1, Relaxed);
         Some(uses)
     }
 
     fn put_uses(&self, ptr: u64, uses: Vec<(usize, StreamId)>) {
-        if self.uses[use_shard(ptr)].lock().insert(ptr, uses).is_none() {
-            self.used_blocks.fetch_add(1, Relaxed);
+        let mut shard = self.uses[use_shard(ptr)].lock();
+        if shard
+            .get_or_insert_with(HashMap::new)
+            .insert(ptr, uses)
+            .is_none()
+        {
+            self.hot.used_blocks.fetch_add(1, Relaxed);
         }
     }
 
-    /// Say that the live block at `ptr` (of any device) is used on `stream` of device `device`: its free
-    /// will not let the block be reused before the work queued on that stream up to the free completes.
-    /// An invalid device is [`GenpoolError::InvalidDevice`]; a pointer that is not a live block is
-    /// [`GenpoolError::InvalidFree`] with [`FreeFault::Unknown`]; neither changes anything.
-    pub fn record_use(&self, ptr: u64, device: usize, stream: StreamId) -> Result<()> {
+    /// Say that the live block at `ptr` (of any device or engine) is used on `stream` of device
+    /// `device`: its free will not let the block be reused before the work queued on that stream up to
+    /// the free completes. An invalid device is the opener's invalid-device error; a pointer that is not a
+    /// live block is [`GenpoolError::InvalidFree`] with [`FreeFault::Unknown`]; neither changes anything.
+    pub fn record_use(
+        &self,
+        ptr: u64,
+        device: usize,
+        stream: StreamId,
+    ) -> std::result::Result<(), O::Error> {
         self.pool(device)?;
-        let deferred = self.deferred_len.load(Relaxed) != 0
+        let deferred = self.hot.deferred_len.load(Relaxed) != 0
             && self.deferred.lock().iter().any(|d| d.ptr == ptr);
         if deferred || self.owner(ptr).is_none() {
-            return Err(GenpoolError::InvalidFree {
-                ptr,
-                fault: FreeFault::Unknown,
-            });
+            return Err(unknown(ptr).into());
         }
         let mut shard = self.uses[use_shard(ptr)].lock();
-        let uses = shard.entry(ptr).or_insert_with(|| {
-            self.used_blocks.fetch_add(1, Relaxed);
-            Vec::new()
-        });
+        let uses = shard
+            .get_or_insert_with(HashMap::new)
+            .entry(ptr)
+            .or_insert_with(|| {
+                self.hot.used_blocks.fetch_add(1, Relaxed);
+                Vec::new()
+            });
         if !uses.contains(&(device, stream)) {
             uses.push((device, stream));
         }
@@ -490,34 +890,34 @@ impl Pools {
     fn free_after_uses(
         &self,
         owner: usize,
-        pool: &Pool,
+        home: Home<'_>,
         ptr: u64,
-        stream: StreamId,
+        stream: Option<StreamId>,
         uses: Vec<(usize, StreamId)>,
-    ) -> Result<Freed> {
-        let Some(block) = pool.lookup(ptr) else {
-            // Not live (cannot happen while uses are dropped with their block): let the pool say why.
-            let size = pool.free(ptr, stream)?;
-            return Ok(Freed {
-                device: owner,
-                size,
-                deferred: false,
-            });
+    ) -> Result<(Freed, Option<LiveBlock>)> {
+        let Some(block) = home.pool().lookup_detailed(ptr) else {
+            // Not live (cannot happen while uses are dropped with their block): let the engine say why.
+            return self.free_now(owner, &home, ptr, stream);
         };
-        let owner_dev = pool.device().clone();
+        let on = stream.unwrap_or(block.stream);
+        let owner_dev = home.pool().device().clone();
         let mut peer_events = Vec::new();
+        let mut synced = false;
         let res = (|| -> Result<()> {
             for &(d, s) in &uses {
                 if d == owner {
-                    if s != stream {
-                        self.wait_same_device(owner, owner_dev.as_ref(), s, stream)?;
+                    if s != on && !synced {
+                        synced = self.wait_same_device(owner, owner_dev.as_ref(), s, on, ptr)?;
                     }
                 } else {
-                    // `record_use` created the peer's pool.
-                    let peer = self.pool(d)?.device().clone();
-                    let ev = self.slots[d].take_event(peer.as_ref())?;
+                    let peer = self.slots[d]
+                        .created()
+                        .expect("record_use made the peer's engine")
+                        .device()
+                        .clone();
+                    let ev = self.slots[d].events.take(peer.as_ref())?;
                     if let Err(e) = peer.event_record(ev, s) {
-                        self.slots[d].give_event(ev);
+                        self.slots[d].events.give(ev);
                         return Err(e.into());
                     }
                     peer_events.push((d, ev));
@@ -528,46 +928,63 @@ impl Pools {
         if let Err(e) = res {
             // Nothing was freed: keep the uses so a retry orders the free again.
             for (d, ev) in peer_events {
-                self.slots[d].give_event(ev);
+                self.slots[d].events.give(ev);
             }
             self.put_uses(ptr, uses);
             return Err(e);
         }
         if peer_events.is_empty() {
-            let size = pool.free(ptr, stream)?;
-            return Ok(Freed {
-                device: owner,
-                size,
-                deferred: false,
-            });
+            return self.free_now(owner, &home, ptr, stream);
         }
+        let freed = Freed {
+            device: owner,
+            engine: home.id(),
+            size: block.size,
+            deferred: true,
+        };
         self.deferred.lock().push(Deferred {
             owner,
+            engine: match home {
+                Home::Engine(e) => Some(e),
+                Home::Default(_) => None,
+            },
             ptr,
             size: block.size,
             stream,
             events: peer_events,
         });
-        self.deferred_len.fetch_add(1, Relaxed);
+        self.hot.deferred_len.fetch_add(1, Relaxed);
         self.deferred_total.fetch_add(1, Relaxed);
-        Ok(Freed {
-            device: owner,
-            size: block.size,
-            deferred: true,
-        })
+        Ok((freed, Some(block)))
     }
 
-    /// Make `stream` of device `owner` wait for the work queued so far on its stream `other`.
+    /// Make `stream` of device `owner` wait for the work queued so far on its stream `other`; where an
+    /// event call fails, synchronize the device instead (true: every stream of the device is ordered
+    /// now). An error means neither worked: the block must not be freed.
     fn wait_same_device(
         &self,
         owner: usize,
         dev: &dyn Device,
         other: StreamId,
         stream: StreamId,
-    ) -> Result<()> {
-        self.slots[owner].events.order_after(dev, other, stream)?;
-        self.stream_waits.fetch_add(1, Relaxed);
-        Ok(())
+        ptr: u64,
+    ) -> Result<bool> {
+        let slot = &self.slots[owner];
+        match slot.events.order_after(dev, other, stream) {
+            Ok(()) => {
+                slot.stream_waits.fetch_add(1, Relaxed);
+                Ok(false)
+            }
+            Err(e) => {
+                log::warn!(
+                    "genpool: event ordering for {ptr:#x} failed ({e}); synchronizing the device"
+                );
+                slot.sync_fallbacks.fetch_add(1, Relaxed);
+                dev.synchronize()
+                    .map_err(|source| GenpoolError::StreamOrder { ptr, source })?;
+                Ok(true)
+            }
+        }
     }
 
     /// Release held-back blocks whose peer work has completed. Returns how many were released. An
@@ -581,8 +998,8 @@ impl Pools {
 
     /// Wait for the peer work of every held-back block and release them all. Returns how many were
     /// released; the first device error stops it (the blocks not yet released stay held back).
-    pub fn flush_deferred(&self) -> Result<usize> {
-        self.release_deferred(true)
+    pub fn flush_deferred(&self) -> std::result::Result<usize, O::Error> {
+        self.release_deferred(true).map_err(O::Error::from)
     }
 
     fn release_deferred(&self, wait: bool) -> Result<usize> {
@@ -594,7 +1011,7 @@ impl Pools {
             let done = list[i].events.iter().try_fold(true, |done, &(d, ev)| {
                 let dev = self.slots[d]
                     .created()
-                    .expect("a peer with an event has a pool")
+                    .expect("a peer with an event has an engine")
                     .device();
                 if wait {
                     dev.event_synchronize(ev).map(|()| done)
@@ -605,14 +1022,19 @@ impl Pools {
             match done {
                 Ok(true) => {
                     let d = list.swap_remove(i);
-                    self.deferred_len.fetch_sub(1, Relaxed);
-                    for (dev, ev) in d.events {
-                        self.slots[dev].give_event(ev);
+                    self.hot.deferred_len.fetch_sub(1, Relaxed);
+                    for &(dev, ev) in &d.events {
+                        self.slots[dev].events.give(ev);
                     }
-                    let pool = self.slots[d.owner]
-                        .created()
-                        .expect("a held-back block's owner has a pool");
-                    if let Err(e) = pool.free(d.ptr, d.stream) {
+                    let home = match d.engine {
+                        Some(e) => Home::Engine(e),
+                        None => Home::Default(
+                            self.slots[d.owner]
+                                .created()
+                                .expect("a held-back block's owner has an engine"),
+                        ),
+                    };
+                    if let Err(e) = self.free_now(d.owner, &home, d.ptr, d.stream) {
                         log::error!(
                             "genpool: freeing held-back block {:#x} ({} B): {e}",
                             d.ptr,
@@ -637,43 +1059,165 @@ impl Pools {
         }
     }
 
-    /// Device `device`'s statistics (all zeros for a device with no pool yet).
-    pub fn stats(&self, device: usize) -> Result<PoolStats> {
+    /// Secondary engine `id` of device `device`, made (over the device's default engine's device and
+    /// configuration, the default engine first if need be) unless one with that number is there and not
+    /// released. `id` must not be 0.
+    pub fn add_engine(&self, device: usize, id: u64) -> std::result::Result<Arc<Engine>, O::Error> {
+        self.add_engine_with(device, id, |main| {
+            Ok(Pool::new(main.device().clone(), main.config().clone())?)
+        })
+    }
+
+    /// [`Pools::add_engine`] with the engine built by `build` from the device's default engine (another
+    /// configuration, a page pool set up otherwise). `build` runs outside the table's lock; when another
+    /// thread adds engine `id` meanwhile, that one is returned and the one built here dropped.
+    pub fn add_engine_with(
+        &self,
+        device: usize,
+        id: u64,
+        build: impl FnOnce(&Pool) -> std::result::Result<Pool, O::Error>,
+    ) -> std::result::Result<Arc<Engine>, O::Error> {
+        assert_ne!(id, 0, "engine 0 is the device's default engine");
+        if let Some(e) = self.engine(device, id)? {
+            return Ok(e);
+        }
+        let pool = build(self.pool(device)?)?;
+        let mut table = self.slots[device].engines.write();
+        if let Some(e) = table.iter().find(|e| e.id == id && !e.is_released()) {
+            // Made by another thread meanwhile: ours goes.
+            return Ok(e.clone());
+        }
+        let e = Arc::new(Engine {
+            id,
+            pool,
+            bounds: AddressBounds::new(),
+            released: AtomicBool::new(false),
+        });
+        table.push(e.clone());
+        self.hot.engines.fetch_add(1, SeqCst);
+        log::info!("genpool: engine {id} on device {device}");
+        Ok(e)
+    }
+
+    /// Secondary engine `id` of device `device` if it exists and is not released.
+    pub fn engine(
+        &self,
+        device: usize,
+        id: u64,
+    ) -> std::result::Result<Option<Arc<Engine>>, O::Error> {
+        Ok(self
+            .slot(device)?
+            .engines
+            .read()
+            .iter()
+            .find(|e| e.id == id && !e.is_released())
+            .cloned())
+    }
+
+    /// Every secondary engine of device `device`, released ones included (their blocks are still live).
+    pub fn engines(&self, device: usize) -> std::result::Result<Vec<Arc<Engine>>, O::Error> {
+        Ok(self.slot(device)?.engines.read().clone())
+    }
+
+    /// Release secondary engine `id` of device `device`: no allocation reaches it any more; it gives
+    /// back what it caches, and is dropped now if it holds no live block, else when its last one is
+    /// freed. Returns false (nothing done) for an unknown or already released engine.
+    pub fn release_engine(&self, device: usize, id: u64) -> std::result::Result<bool, O::Error> {
+        let Some(e) = self.engine(device, id)? else {
+            return Ok(false);
+        };
+        e.released.store(true, SeqCst);
+        e.pool.trim();
+        self.drop_if_done(device, &e);
+        Ok(true)
+    }
+
+    /// Drop the released secondary engines of device `device` that hold no live block (those a free
+    /// could not drop then, e.g. while the caller kept them from being dropped).
+    pub fn sweep_released(&self, device: usize) -> std::result::Result<(), O::Error> {
+        for e in self.engines(device)? {
+            self.drop_if_done(device, &e);
+        }
+        Ok(())
+    }
+
+    fn drop_if_done(&self, device: usize, e: &Engine) {
+        if e.is_released() && e.pool.live_blocks() == 0 {
+            let mut table = self.slots[device].engines.write();
+            // Checked again under the write lock: no allocation can reach a released engine, and a free
+            // of its last block is the only way here.
+            if e.pool.live_blocks() == 0 {
+                let before = table.len();
+                table.retain(|x| !std::ptr::eq(&**x, e));
+                if table.len() < before {
+                    self.hot.engines.fetch_sub(1, SeqCst);
+                    log::info!("genpool: engine {} of device {device} dropped", e.id);
+                }
+            }
+        }
+    }
+
+    /// Device `device`'s statistics (all zeros for a device with no engine yet).
+    pub fn stats(&self, device: usize) -> std::result::Result<PoolStats, O::Error> {
         Ok(self
             .existing(device)?
             .map_or_else(PoolStats::default, Pool::stats))
     }
 
+    /// Stream waits and synchronize fallbacks issued so far to order frees of device `device`'s blocks
+    /// after their recorded uses.
+    pub fn ordering(&self, device: usize) -> std::result::Result<(u64, u64), O::Error> {
+        let s = self.slot(device)?;
+        Ok((s.stream_waits.load(Relaxed), s.sync_fallbacks.load(Relaxed)))
+    }
+
+    /// Blocks with recorded uses now.
+    pub fn recorded_blocks(&self) -> usize {
+        self.hot.used_blocks.load(Relaxed)
+    }
+
+    /// The live block starting at `ptr`, wherever it lives: its device, its engine (0: the device's
+    /// default one) and what it is.
+    pub fn lookup(&self, ptr: u64) -> Option<(usize, u64, LiveBlock)> {
+        if self.hot.engines.load(Relaxed) != 0 {
+            if let Some((d, e)) = self.engine_of(ptr) {
+                return e.pool.lookup_detailed(ptr).map(|b| (d, e.id, b));
+            }
+        }
+        self.candidates(ptr).find_map(|d| {
+            let b = self.slots[d].created()?.lookup_detailed(ptr)?;
+            Some((d, 0, b))
+        })
+    }
+
     /// Every device's statistics and the multi-device counters.
     pub fn all_stats(&self) -> PoolsStats {
+        let slots = &self.slots[..self.count()];
+        let sum = |f: fn(&Slot<O::Error>) -> &AtomicU64| {
+            self.slots.iter().map(|s| f(s).load(Relaxed)).sum()
+        };
         PoolsStats {
-            devices: self
-                .slots
-                .iter()
-                .map(|s| s.created().map(Pool::stats))
-                .collect(),
+            devices: slots.iter().map(|s| s.created().map(Pool::stats)).collect(),
             unrouted_frees: self.unrouted.load(Relaxed),
-            stream_waits: self.stream_waits.load(Relaxed),
+            stream_waits: sum(|s| &s.stream_waits),
+            sync_fallbacks: sum(|s| &s.sync_fallbacks),
+            recorded_blocks: self.hot.used_blocks.load(Relaxed),
             deferred_frees: self.deferred_total.load(Relaxed),
-            deferred_pending: self.deferred_len.load(Relaxed),
+            deferred_pending: self.hot.deferred_len.load(Relaxed),
         }
     }
 
-    /// Release what can be released without waiting, then trim every device's pool. Returns the bytes of
-    /// reservation released.
+    /// Release what can be released without waiting, then trim every device's default engine (not the
+    /// secondary ones). Returns the bytes of reservation released.
     pub fn trim(&self) -> u64 {
         self.poll_deferred();
-        self.slots
-            .iter()
-            .filter_map(Slot::created)
-            .map(Pool::trim)
-            .sum()
+        self.existing_pools().map(|(_, p)| p.trim()).sum()
     }
 }
 
-impl Drop for Pools {
+impl<O: Opener> Drop for Pools<O> {
     fn drop(&mut self) {
-        if let Err(e) = self.flush_deferred() {
+        if let Err(e) = self.release_deferred(true) {
             log::error!("genpool: held-back blocks at drop: {e}");
         }
         for s in self.slots.iter() {

@@ -105,6 +105,16 @@ pub enum GenpoolError {
     /// A device call failed.
     #[error("device error: {0}")]
     Device(#[from] DeviceError),
+    /// A block used on other streams whose free could not be ordered after their work (neither an event
+    /// nor a device synchronize worked): it is kept (leaked) rather than risk reuse while a kernel still
+    /// uses it.
+    #[error("cannot order the free of {ptr:#x} after its recorded streams: {source}")]
+    StreamOrder {
+        /// The block.
+        ptr: u64,
+        /// The device call that failed.
+        source: DeviceError,
+    },
     /// Bad configuration.
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),

@@ -32,7 +32,7 @@ pub mod stats;
 mod tier;
 
 pub use config::{Config, ConfigError, LongTier, MidTier, Routing};
-pub use devices::{AddressBounds, DeviceFactory, EventSpares, Freed, Pools, PoolsStats};
+pub use devices::{DeviceFactory, Engine, Factory, Freed, Opener, Pools, PoolsStats, MAX_DEVICES};
 pub use error::{FreeFault, GenpoolError, OomReport, Result, TierUsage};
 pub use gen_classifier::Lifetime;
 pub use gen_device::{Device, DeviceError, StreamId};

@@ -352,3 +352,183 @@ fn open_sim_gives_disjoint_devices() {
         assert_eq!(pools.free(p, 0).unwrap().device, d);
     }
 }
+
+#[test]
+fn secondary_engines_keep_their_blocks_and_free_by_address() {
+    let pools = Pools::sim(2, CAP, Config::default());
+    assert!(pools.engines(1).unwrap().is_empty());
+    let a = pools.add_engine(1, 7).unwrap();
+    // The device's default engine came first; asking again gives the same engine.
+    assert!(pools.existing(1).unwrap().is_some());
+    assert!(Arc::ptr_eq(&a, &pools.add_engine(1, 7).unwrap()));
+    let b = pools.add_engine(1, 9).unwrap();
+    assert_eq!(pools.engines(1).unwrap().len(), 2);
+    let default = pools.alloc(1, 3 * MIB, 0, Hint::NONE).unwrap();
+    let in_a = a.alloc(3 * MIB, 0, Hint::NONE).unwrap();
+    let in_b = b.alloc(512, 0, Hint::NONE).unwrap();
+    // Each engine's blocks are its own: the default engine and the other engine do not hold them.
+    let default_pool = pools.pool(1).unwrap();
+    assert!(default_pool.lookup(in_a.ptr).is_none());
+    assert!(b.pool().lookup(in_a.ptr).is_none());
+    assert_eq!(a.pool().lookup(in_a.ptr).map(|x| x.size), Some(in_a.size));
+    for (ptr, engine) in [(in_a.ptr, 7), (in_b.ptr, 9), (default.ptr, 0)] {
+        assert_eq!(pools.owner(ptr), Some(1));
+        assert_eq!(pools.lookup(ptr).map(|(d, e, _)| (d, e)), Some((1, engine)));
+    }
+    // Released with a block live: no longer found for allocation, dropped with its last block.
+    assert!(pools.release_engine(1, 7).unwrap());
+    assert!(!pools.release_engine(1, 7).unwrap(), "released twice");
+    assert!(pools.engine(1, 7).unwrap().is_none());
+    assert_eq!(
+        pools.engines(1).unwrap().len(),
+        2,
+        "kept while a block lives"
+    );
+    let f = pools.free(in_a.ptr, 0).unwrap();
+    assert_eq!((f.device, f.engine, f.size), (1, 7, in_a.size));
+    assert_eq!(
+        pools
+            .engines(1)
+            .unwrap()
+            .iter()
+            .map(|e| e.id())
+            .collect::<Vec<_>>(),
+        vec![9]
+    );
+    assert_eq!(a.pool().live_blocks(), 0);
+    // The owned free: the allocation's stream, and what the block was.
+    let (f, live) = pools.free_owned(in_b.ptr).unwrap();
+    assert_eq!((f.device, f.engine), (1, 9));
+    assert_eq!(
+        (live.ptr, live.size, live.requested, live.stream),
+        (in_b.ptr, 512, 512, 0)
+    );
+    assert_eq!(
+        pools.free(in_b.ptr, 0).unwrap_err(),
+        GenpoolError::InvalidFree {
+            ptr: in_b.ptr,
+            fault: FreeFault::DoubleFree
+        },
+        "a second free of an engine's block is its engine's double free"
+    );
+    // A wrong guess costs nothing: the block is found by address.
+    assert_eq!(pools.free_near(default.ptr, 0, 0).unwrap().device, 1);
+    assert_eq!(
+        pools.free_near(default.ptr, 0, 0).unwrap_err(),
+        GenpoolError::InvalidFree {
+            ptr: default.ptr,
+            fault: FreeFault::DoubleFree
+        }
+    );
+    assert_eq!(pools.stats(1).unwrap().num_frees, 1);
+}
+
+#[test]
+fn recorded_uses_order_frees_of_engine_blocks_and_fall_back_to_synchronize() {
+    use gen_device::sim::CallKind;
+    let (pools, devs) = sim_pools(1, Config::default());
+    let e = pools.add_engine(0, 3).unwrap();
+    let dev = devs.lock()[0].clone().unwrap();
+    let (s1, s2) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
+    let b = e.alloc(MIB, s1, Hint::NONE).unwrap();
+    pools.record_use(b.ptr, 0, s2).unwrap();
+    assert_eq!(pools.recorded_blocks(), 1);
+    dev.pause_stream(s2).unwrap();
+    let before = dev.calls();
+    // The owned free is ordered on the block's own stream, s1, after s2's work.
+    let (f, _) = pools.free_owned(b.ptr).unwrap();
+    assert_eq!((f.engine, f.deferred), (3, false));
+    let delta = dev.calls().since(&before);
+    assert_eq!(delta[CallKind::StreamWaitEvent], 1);
+    assert!(
+        dev.stream_synchronize(s1).is_err(),
+        "s1 waits for paused s2"
+    );
+    dev.resume_stream(s2).unwrap();
+    dev.stream_synchronize(s1).unwrap();
+    assert_eq!(
+        (pools.ordering(0).unwrap(), pools.recorded_blocks()),
+        ((1, 0), 0)
+    );
+    // An event call that fails: the device is synchronized instead, and the block is freed.
+    let c = pools.alloc(0, 4096, s1, Hint::NONE).unwrap();
+    pools.record_use(c.ptr, 0, s2).unwrap();
+    dev.fail_next(CallKind::EventRecord);
+    let before = dev.calls();
+    pools.free(c.ptr, s1).unwrap();
+    assert_eq!(dev.calls().since(&before)[CallKind::Synchronize], 1);
+    assert_eq!(pools.ordering(0).unwrap(), (1, 1));
+    let s = pools.all_stats();
+    assert_eq!(
+        (s.stream_waits, s.sync_fallbacks, s.recorded_blocks),
+        (1, 1, 0)
+    );
+    assert_eq!(pools.stats(0).unwrap().allocated_current, 0);
+}
+
+/// A router in a `static`, as the PyTorch plug-in keeps one: simulated devices, fixed capacity.
+struct SimOpener;
+
+impl genpool::Opener for SimOpener {
+    type Error = GenpoolError;
+
+    fn open(&self, index: usize) -> Result<genpool::Pool, GenpoolError> {
+        let dev = SimDevice::config()
+            .ordinal(index)
+            .capacity(CAP)
+            .address_offset(index as u64 * ORDINAL_STRIDE)
+            .build()?;
+        genpool::Pool::new(Arc::new(dev), Config::default())
+    }
+}
+
+static STATIC_ROUTER: Pools<SimOpener> = Pools::with_opener(SimOpener);
+
+#[test]
+fn a_router_in_a_static_opens_lazily_and_honours_its_count() {
+    assert_eq!(STATIC_ROUTER.count(), genpool::MAX_DEVICES);
+    assert_eq!(STATIC_ROUTER.existing_pools().count(), 0);
+    let b = STATIC_ROUTER.alloc(5, MIB, 0, Hint::NONE).unwrap();
+    assert_eq!(
+        STATIC_ROUTER
+            .existing_pools()
+            .map(|(d, _)| d)
+            .collect::<Vec<_>>(),
+        vec![5]
+    );
+    STATIC_ROUTER.set_count(2);
+    assert_eq!(
+        STATIC_ROUTER.alloc(5, MIB, 0, Hint::NONE).unwrap_err(),
+        GenpoolError::InvalidDevice {
+            ordinal: 5,
+            count: 2
+        }
+    );
+    // Blocks of a device past the new count are still freed.
+    assert_eq!(STATIC_ROUTER.free(b.ptr, 0).unwrap().device, 5);
+}
+
+#[test]
+fn an_engine_can_be_built_with_its_own_configuration() {
+    let pools = Pools::sim(1, CAP, Config::default());
+    let e = pools
+        .add_engine_with(0, 4, |main| {
+            let cfg = Config {
+                plan: false,
+                ..main.config().clone()
+            };
+            genpool::Pool::new(main.device().clone(), cfg)
+        })
+        .unwrap();
+    assert!(!e.pool().config().plan);
+    assert!(
+        pools.pool(0).unwrap().config().plan,
+        "the default engine keeps its own"
+    );
+    // Asked again, by either call: the same engine.
+    assert!(Arc::ptr_eq(&e, &pools.add_engine(0, 4).unwrap()));
+    // A released engine with no block is dropped at once; sweeping finds nothing left.
+    assert!(pools.release_engine(0, 4).unwrap());
+    pools.sweep_released(0).unwrap();
+    assert!(pools.engines(0).unwrap().is_empty());
+}
