@@ -42,6 +42,14 @@
 //! free slots per chunk and decommits chunks all of whose slots it holds. If such a chunk holds a slot that
 //! is not yet safe (freed on a stream, or in a pending batch) it first synchronizes the device once; every
 //! slot it did not decommit goes back (after a synchronize: all to the idle list).
+//!
+//! # Captures
+//! While a CUDA graph capture is underway on the device ([`gen_device::Device::captures`]) the slab
+//! makes no call a capture forbids: no event is queried or waited for (pending batches wait), no batch
+//! migrates (its event could land on the capturing stream), the second stream's synchronize waits
+//! (earlier frees stay on the first stream's lists: correct, only slower), reclaim gives nothing back,
+//! and a free on a stream beyond the table — which would record an event on that stream — is refused
+//! with [`gen_vmm::VmmError::Capturing`] (the block stays live). Carving new chunks is allowed.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -477,6 +485,10 @@ impl Slab {
     /// A failed device synchronize: chunks that were already safe are still decommitted, the others are
     /// kept, and the first error is returned after every class was processed.
     pub fn reclaim(&self) -> Result<u64, TierError> {
+        if self.capturing() {
+            // Reclaim queries events and may synchronize: after the capture.
+            return Ok(0);
+        }
         let mut released = 0;
         let mut first_err = None;
         for c in self.class.iter() {
@@ -597,6 +609,12 @@ impl Slab {
         }
     }
 
+    /// Whether a capture is underway on the device.
+    #[inline]
+    fn capturing(&self) -> bool {
+        self.device.captures().active()
+    }
+
     /// Register `stream` in the stream table: its slot, or `None` when the table is full.
     #[cold]
     fn register(&self, stream: StreamId) -> Result<Option<usize>, TierError> {
@@ -620,6 +638,11 @@ impl Slab {
     /// first stream) safe everywhere, so those slots move to the idle lists. Failing that, they stay on
     /// the first stream's lists (correct, only slower).
     fn second_stream(&self) {
+        if self.capturing() {
+            // The synchronize that would make earlier frees safe everywhere is forbidden: they stay on
+            // the first stream's lists (reused there, or migrated under an event after the capture).
+            return;
+        }
         let mut moved = Vec::new();
         for (ci, c) in self.class.iter().enumerate() {
             if let Some(l) = c.lists[0].get() {
@@ -672,12 +695,13 @@ impl Slab {
         if let Some(slot) = own.and_then(FrontCache::pop).or_else(|| idle.pop()) {
             return Ok(self.hand_out(c, slot));
         }
-        if self.poll_pending(&mut g, idle)? {
+        let capturing = self.capturing();
+        if !capturing && self.poll_pending(&mut g, idle)? {
             if let Some(slot) = idle.pop() {
                 return Ok(self.hand_out(c, slot));
             }
         }
-        if self.migrate(c, &mut g, t)? && self.poll_pending(&mut g, idle)? {
+        if !capturing && self.migrate(c, &mut g, t)? && self.poll_pending(&mut g, idle)? {
             if let Some(slot) = idle.pop() {
                 return Ok(self.hand_out(c, slot));
             }
@@ -688,7 +712,7 @@ impl Slab {
             Err(Err(e)) => return Err(e),
         };
         // Memory pressure: wait for migrated batches rather than take new memory.
-        if self.sync_pending(&mut g, idle) {
+        if !capturing && self.sync_pending(&mut g, idle) {
             if let Some(slot) = idle.pop() {
                 return Ok(self.hand_out(c, slot));
             }
@@ -865,6 +889,12 @@ impl Slab {
                 ptr,
                 reason: "not allocated (double free?)",
             });
+        }
+        if self.capturing() {
+            return Err(VmmError::Capturing(
+                "an event recorded for a free on a stream beyond the slab's table",
+            )
+            .into());
         }
         let event = self.record(stream)?;
         if c.live[slot as usize].swap(0, AcqRel) == 0 {
