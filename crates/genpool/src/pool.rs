@@ -20,6 +20,8 @@ use crate::stats::{PlanSummary, PoolStats, TierStats};
 pub use crate::tier::Tier;
 use crate::tier::{tier_err, Request, TierAlloc};
 
+mod place;
+
 /// Every block is aligned to (and sized in multiples of) this many bytes, as PyTorch's allocator does.
 pub const ALIGN: u64 = 512;
 
@@ -355,9 +357,19 @@ impl Pool {
             && !self.hot.multi_stream.swap(true, Ordering::SeqCst)
         {
             self.pages.set_fence_stream(None);
-            match self.device.synchronize() {
-                Ok(()) => self.pages.synchronized(),
-                Err(e) => log::error!("genpool: synchronize on a second stream's first use: {e}"),
+            if self.device.captures().active() {
+                // A capture forbids the synchronize. Pages freed so far stay warm (they move only after
+                // a synchronize, after the capture); with stream arenas (the default) the second stream
+                // allocates from an arena of its own and the slab keeps per-stream lists, so no block
+                // freed on the first stream reaches it before its work is done.
+                log::debug!("genpool: second stream first seen during a capture; no synchronize");
+            } else {
+                match self.device.synchronize() {
+                    Ok(()) => self.pages.synchronized(),
+                    Err(e) => {
+                        log::error!("genpool: synchronize on a second stream's first use: {e}")
+                    }
+                }
             }
             // Plans serve one stream: stop handing out planned slots (the range goes once drained).
             self.drop_plan();
@@ -373,6 +385,7 @@ impl Pool {
     fn route(&self, size: u64, class: Lifetime) -> Tier {
         let small = size <= self.hot.slab_max;
         match (self.hot.routing, class) {
+            (Routing::Extent, _) => Tier::Extent,
             (Routing::Single, _) | (Routing::Generational, Lifetime::Short) => {
                 if small {
                     Tier::Slab
@@ -648,8 +661,12 @@ impl Pool {
     }
 
     /// Give back everything cached: blocks to their tiers (streams synchronized as needed), empty slab
-    /// chunks, the driver pool's spare memory, empty regions, and unused pages to the driver.
+    /// chunks, the driver pool's spare memory, empty regions, and unused pages to the driver. Nothing
+    /// while a capture is underway: every step may synchronize.
     fn relieve(&self, hard: bool) {
+        if self.device.captures().active() {
+            return;
+        }
         self.drain_caches(u64::MAX);
         self.slab.trim();
         if hard {
