@@ -389,6 +389,8 @@ struct Inner {
     sleep: Option<sleep::Sleep>,
     /// A pinned host buffer kept from the last wake for the next offload: (buffer, bytes).
     spare_host: Option<(gen_device::HostHandle, u64)>,
+    /// Devices this pool's pages were opened to ([`PagePool::grant_peer`]).
+    peers: Vec<usize>,
 }
 
 /// Old mappings kept at least, with [`PagePoolConfig::keep_old_mappings`] (else as many as pages held).
@@ -458,6 +460,7 @@ impl PagePool {
                 unfenced: false,
                 sleep: None,
                 spare_host: None,
+                peers: Vec::new(),
             }),
             asleep: AtomicBool::new(false),
             keep_mappings: AtomicBool::new(false),
@@ -605,10 +608,13 @@ impl PagePool {
     pub fn grant_peer(&self, peer: usize) -> Result<u64, VmmError> {
         // Under the lock: every map happens under it too, so a page is mapped either before the walk
         // (and opened by it) or after `add_peer` (and opened by the map).
-        let g = self.inner.lock();
-        if !self.device.add_peer(peer)? {
+        let mut g = self.inner.lock();
+        if g.peers.contains(&peer) {
             return Ok(0);
         }
+        // The device may know the peer already (another pool on it asked): its maps open to it anyway.
+        self.device.add_peer(peer)?;
+        g.peers.push(peer);
         let mut opened = 0;
         for r in g.regions.iter().flatten() {
             let mapped = |i: usize| r.pages[i].handle.is_some() || r.pages[i].zombie.is_some();

@@ -7,6 +7,15 @@
 //! live (a graph's outputs) stays until its last block is freed, then is dropped, which gives its pages
 //! back to the driver.
 //!
+//! A private pool routes every block to the extent tier and has no periodic plan
+//! (`experimental.routing:extent`, `plan:false`), so that any of its blocks can be placed again at its
+//! address ([`genpool::Pool::alloc_at`]: CUDA graph trees restore a pool to a checkpoint), and it keeps
+//! its mappings while it lives (`gen_vmm::PagePool::set_keep_mappings`): a graph's kernels use the
+//! addresses its blocks had when it was captured, whatever became of those blocks since, so no address
+//! of the pool may lose its page. Only an explicit `emptyCache` of the pool, or its release, gives its
+//! free pages back. A pool released while a capture is underway is dropped after the capture (dropping
+//! unmaps and synchronizes).
+//!
 //! The table is read on every free once any private pool exists, so it is a short vector under a
 //! read-write lock; while none exists a free reads one counter.
 
@@ -38,9 +47,19 @@ const ZERO: AtomicUsize = AtomicUsize::new(0);
 static COUNTS: [AtomicUsize; MAX_DEVICES] = [ZERO; MAX_DEVICES];
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-/// Create a private pool on `state`'s device, with the device pool's configuration.
+/// The configuration of a private pool: the device pool's, every block in the extent tier, no plan.
+pub(crate) fn private_config(device_pool: &Pool) -> genpool::Config {
+    genpool::Config {
+        routing: genpool::Routing::Extent,
+        plan: false,
+        ..device_pool.config().clone()
+    }
+}
+
+/// Create a private pool on `state`'s device (see the module doc for its configuration).
 pub(crate) fn create(state: &DeviceState) -> Result<u64, PluginError> {
-    let pool = Pool::new(state.pool.device().clone(), state.pool.config().clone())?;
+    let pool = Pool::new(state.pool.device().clone(), private_config(&state.pool))?;
+    pool.page_pool().set_keep_mappings(true);
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let mut t = TABLES[state.index()].write();
     t.push(Arc::new(PrivatePool {
@@ -84,6 +103,10 @@ pub(crate) fn all(index: usize) -> Vec<Arc<PrivatePool>> {
 }
 
 fn drop_if_done(index: usize, p: &PrivatePool) {
+    if p.pool.device().captures().active() {
+        // Dropping unmaps and synchronizes: after the capture (`sweep`).
+        return;
+    }
     if p.released.load(Ordering::Acquire) && p.pool.live_blocks() == 0 {
         let mut t = TABLES[index].write();
         // Checked again under the write lock: no allocation can reach a released pool, and a free of
@@ -108,9 +131,29 @@ pub(crate) fn free(index: usize, p: &PrivatePool, ptr: u64) -> Result<LiveBlock,
 pub(crate) fn release(index: usize, id: u64) -> Result<(), PluginError> {
     let p = get(index, id)?;
     p.released.store(true, Ordering::Release);
+    // No graph replays from it any more: its free pages may move and go back.
+    p.pool.page_pool().set_keep_mappings(false);
     p.pool.trim();
     drop_if_done(index, &p);
     Ok(())
+}
+
+/// Give back what private pool `p` caches, its free mappings included (an explicit `emptyCache` of the
+/// pool: as PyTorch's allocator, what a graph still replaying uses is the caller's to keep). Bytes.
+pub(crate) fn trim(p: &PrivatePool) -> u64 {
+    let pages = p.pool.page_pool();
+    let keep = !p.released.load(Ordering::Acquire);
+    pages.set_keep_mappings(false);
+    let n = p.pool.trim();
+    pages.set_keep_mappings(keep);
+    n
+}
+
+/// Drop the released private pools of device `index` whose blocks are all freed (after a capture).
+pub(crate) fn sweep(index: usize) {
+    for p in all(index) {
+        drop_if_done(index, &p);
+    }
 }
 
 /// The state of device `index` and, for `id != 0`, its private pool `id`.
