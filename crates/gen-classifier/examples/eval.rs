@@ -12,7 +12,15 @@ use std::time::Instant;
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let names: Vec<String> = if args.is_empty() {
-        common::TRACES.iter().map(|s| s.to_string()).collect()
+        [
+            "gpt2_train_fixed.csv.gz",
+            "gpt2m_train_varlen.csv.gz",
+            "resnet50_train.csv.gz",
+            "gpt2_generate_kv.csv.gz",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
     } else {
         args
     };
@@ -30,9 +38,8 @@ fn main() {
         };
         for use_site in [true, false] {
             let t = Instant::now();
-            let c = common::replay(&events, cfg_from_env(), use_site);
+            let (c, m) = common::replay(&events, cfg_from_env(), use_site);
             let dt = t.elapsed();
-            let m = c.confusion();
             let st = c.stats();
             println!(
                 "== {name} site={} acc_count={:.4} acc_bytes={:.4} long_recall={:.3} period={:?} replay={:.1} ms",
@@ -87,15 +94,18 @@ fn cfg_from_env() -> ClassifierConfig {
             "votes" => b.period_votes(n as u32),
             "minsize" => b.prior_long_min_size(n as u64),
             "detect" => b.detect_period(n != 0.0),
+            "sample" => b.sample_every(n as u32),
+            "warm" => b.track_below(n as u32),
             _ => panic!("unknown key {k}"),
         };
     }
     b.build().expect("valid config")
 }
 
-/// 10^6 on_alloc + on_free pairs over a warm, realistic key mix (one thread).
+/// 10^6 on_alloc + on_free pairs over a warm, realistic key mix (one thread), configured as the replays
+/// (`GC`).
 fn bench() {
-    let c = Classifier::new(ClassifierConfig::default());
+    let c = Classifier::new(cfg_from_env());
     let sizes = [
         512u64,
         4096,

@@ -46,6 +46,9 @@ pub enum ConfigError {
     /// `phase_buckets` is outside `1..=64`.
     #[error("phase_buckets must be in 1..=64, got {0}")]
     PhaseBuckets(u32),
+    /// `sample_every` is not a power of two in `1..=256`, or `track_below` is above 255.
+    #[error("sample_every must be a power of two in 1..=256 and track_below at most 255, got {0}")]
+    Sampling(u32),
     /// `period_min` is below 8, or `period_votes` is 0.
     #[error("period detection needs period_min >= 8 and period_votes >= 1 (got {min}, {votes})")]
     Period {
@@ -91,6 +94,13 @@ pub struct ClassifierConfig {
     pub(crate) prior_long_min_size: u64,
     /// Observations a key needs before a flip of its prediction counts as a drift event. Default 4.
     pub(crate) drift_min_obs: u32,
+    /// Once a key has [`ClassifierConfig::track_below`] observations, one allocation in this many (a power
+    /// of two) is *tracked* — its lifetime measured, scored and learned, its overdue bucket kept; the
+    /// others only read the key's prediction. Default 8; 1 tracks every allocation.
+    pub(crate) sample_every: u32,
+    /// Keys with fewer observations than this track every allocation, so a new key learns at once.
+    /// Default 4.
+    pub(crate) track_below: u32,
 }
 
 impl Default for ClassifierConfig {
@@ -116,6 +126,8 @@ impl Default for ClassifierConfig {
             prior_burst_allocs: 16,
             prior_long_min_size: 0,
             drift_min_obs: 4,
+            sample_every: 8,
+            track_below: 4,
         }
     }
 }
@@ -150,6 +162,10 @@ impl ClassifierConfig {
     /// Position-in-iteration buckets (default 8).
     pub fn phase_buckets(&self) -> u32 {
         self.phase_buckets
+    }
+    /// One tracked allocation in this many once a key is warm (default 8; 1 = all).
+    pub fn sample_every(&self) -> u32 {
+        self.sample_every
     }
 }
 
@@ -230,6 +246,17 @@ impl ClassifierConfigBuilder {
         self.cfg.drift_min_obs = n;
         self
     }
+    /// Track one allocation in `n` of a warm key, `n` a power of two in `1..=256` (default 8; 1 tracks
+    /// every allocation, as before sampling: tests that compare exact scores use it).
+    pub fn sample_every(mut self, n: u32) -> Self {
+        self.cfg.sample_every = n;
+        self
+    }
+    /// Observations below which a key tracks every allocation, `0..=255` (default 4).
+    pub fn track_below(mut self, n: u32) -> Self {
+        self.cfg.track_below = n;
+        self
+    }
     /// Validates and returns the configuration.
     pub fn build(self) -> Result<ClassifierConfig, ConfigError> {
         let c = self.cfg;
@@ -257,6 +284,12 @@ impl ClassifierConfigBuilder {
         }
         if !(1..=64).contains(&c.phase_buckets) {
             return Err(ConfigError::PhaseBuckets(c.phase_buckets));
+        }
+        if !c.sample_every.is_power_of_two() || c.sample_every > 256 {
+            return Err(ConfigError::Sampling(c.sample_every));
+        }
+        if c.track_below > 255 {
+            return Err(ConfigError::Sampling(c.track_below));
         }
         if c.period_min < 8 || c.period_votes == 0 {
             return Err(ConfigError::Period {

@@ -109,6 +109,12 @@ const NO_SLOT: u32 = u32::MAX;
 const COARSE_SAMPLE: u64 = 4;
 const F_SHORT_TRACKED: u8 = 1;
 const F_MID_TRACKED: u8 = 2;
+/// The allocation is not tracked (see [`ClassifierConfig::sample_every`]): its free teaches nothing.
+const F_UNTRACKED: u8 = 4;
+/// A free updates `last_free` only when the stored value lags the clock by more than this: the burst
+/// prior needs to know that frees happen, not exactly when, and a shared line that every free writes
+/// would bounce between threads.
+const LAST_FREE_SLACK: u64 = 4;
 
 /// What [`Classifier::on_alloc`] returns and [`Classifier::on_free`] takes back: 24 bytes, `Copy`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -143,10 +149,16 @@ impl Stamp {
     pub fn alloc_clock(&self) -> u64 {
         self.alloc_clock
     }
-    /// The byte clock just after this allocation.
+    /// The byte clock just after this allocation (0 when no horizon bounds bytes, or untracked).
     #[inline]
     pub fn byte_clock(&self) -> u64 {
         self.byte_clock
+    }
+    /// Whether this allocation is tracked: its free is measured, scored and learned (see
+    /// [`ClassifierConfig::sample_every`]).
+    #[inline]
+    pub fn is_tracked(&self) -> bool {
+        self.flags & F_UNTRACKED == 0
     }
 }
 
@@ -168,7 +180,7 @@ pub struct Outcome {
 pub struct ClassifierStats {
     /// Allocations seen.
     pub allocs: u64,
-    /// Frees seen.
+    /// Frees of tracked allocations (those scored; see [`ClassifierConfig::sample_every`]).
     pub frees: u64,
     /// Keys in the table.
     pub keys: u64,
@@ -247,26 +259,34 @@ pub struct Classifier {
     // these over four or five lines behind the configuration's.
     // Line 0.
     alloc_clock: AtomicU64,
-    byte_clock: AtomicU64,
+    /// `(phase_buckets << 32) / period` (0 while no period is known): the phase bucket of a position
+    /// `pos < period` is `pos * phase_scale >> 32`, a multiply instead of a division per allocation.
+    phase_scale: AtomicU64,
     last_free: AtomicU64,
     period: AtomicU64,
     origin: AtomicU64,
     slots: Box<[Slot]>,
     mask: usize,
-    // Line 1.
+    // Line 1: what every allocation reads, then what tracked allocations and frees read.
+    byte_clock: AtomicU64,
     marked: AtomicBool,
     use_site: bool,
     detect_period: bool,
-    decay_num: u32,
-    short_shift: u32,
-    mid_shift: u32,
+    /// Whether a horizon bounds bytes (else the byte clock is not kept).
+    use_bytes: bool,
     size_sub_bits: u32,
     phase_buckets: u32,
     max_probes: u32,
+    track_below: u32,
+    /// `sample_every - 1`: an allocation of a warm key is tracked when its hashed clock has these bits 0.
+    sample_mask: u64,
+    decay_num: u32,
+    short_shift: u32,
+    mid_shift: u32,
     drift_min_obs: u32,
+    // The rest.
     short: Horizon,
     mid: Horizon,
-    // The rest.
     prior_burst_allocs: u64,
     prior_long_min_size: u64,
     coarse: Box<[AtomicU64]>,
@@ -299,6 +319,9 @@ impl Classifier {
             phase_buckets: cfg.phase_buckets,
             max_probes: cfg.max_probes,
             drift_min_obs: cfg.drift_min_obs,
+            sample_mask: u64::from(cfg.sample_every.max(1)) - 1,
+            track_below: cfg.track_below,
+            use_bytes: cfg.short.bytes != u64::MAX || cfg.mid.bytes != u64::MAX,
             short: cfg.short,
             mid: cfg.mid,
             prior_burst_allocs: cfg.prior_burst_allocs,
@@ -308,6 +331,7 @@ impl Classifier {
             slots,
             coarse,
             alloc_clock: AtomicU64::new(0),
+            phase_scale: AtomicU64::new(0),
             byte_clock: AtomicU64::new(0),
             period: AtomicU64::new(0),
             origin: AtomicU64::new(0),
@@ -340,21 +364,46 @@ impl Classifier {
     }
 
     fn phase_bucket(&self, clock: u64) -> u64 {
-        let n = self.phase_buckets as u64;
-        let p = self.period.load(Ordering::Relaxed);
-        if n <= 1 || p == 0 {
+        let scale = self.phase_scale.load(Ordering::Relaxed);
+        if scale == 0 {
             return 0;
         }
-        let d = clock.wrapping_sub(self.origin.load(Ordering::Relaxed));
-        // Periods above 2^57 allocations cannot occur (the clock would take centuries), but saturate
-        // rather than overflow.
-        let pos = if self.marked.load(Ordering::Relaxed) {
+        let p = self.period.load(Ordering::Relaxed);
+        let origin = self.origin.load(Ordering::Relaxed);
+        let d = clock.wrapping_sub(origin);
+        let pos = if d < p {
+            d
+        } else if self.marked.load(Ordering::Relaxed) {
             // Iterations may run longer than the last one: clamp into the last bucket.
-            d.min(p - 1)
+            p - 1
         } else {
-            d % p
+            // A detected period: move the origin to the start of the current period (a division once a
+            // period, not per allocation). Racing threads store the same value.
+            let pos = d % p;
+            let _ = self.origin.compare_exchange(
+                origin,
+                clock - pos,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+            pos
         };
-        pos.saturating_mul(n) / p
+        (pos * scale) >> 32
+    }
+
+    /// Adopt `period` allocations from `origin` (a mark, or a detected period).
+    fn set_period(&self, origin: u64, period: u64) {
+        let n = u64::from(self.phase_buckets);
+        // Positions above 2^32 would overflow the multiply: such periods (billions of allocations an
+        // iteration) get no phase.
+        let scale = if n > 1 && period > 0 && period < 1 << 32 {
+            ((n << 32) / period).max(1)
+        } else {
+            0
+        };
+        self.origin.store(origin, Ordering::Relaxed);
+        self.period.store(period, Ordering::Relaxed);
+        self.phase_scale.store(scale, Ordering::Relaxed);
     }
 
     /// The slot index of `key` (non-zero), inserting it if absent; `None` when the probe sequence is full.
@@ -408,10 +457,14 @@ impl Classifier {
     /// Predicts the lifetime of a new allocation and advances both clocks. Never allocates.
     pub fn on_alloc(&self, f: &Features) -> Stamp {
         let clock = self.alloc_clock.fetch_add(1, Ordering::Relaxed);
-        let bytes = self
-            .byte_clock
-            .fetch_add(f.size, Ordering::Relaxed)
-            .wrapping_add(f.size);
+        // The byte clock runs only where a horizon bounds bytes (off by default).
+        let bytes = if self.use_bytes {
+            self.byte_clock
+                .fetch_add(f.size, Ordering::Relaxed)
+                .wrapping_add(f.size)
+        } else {
+            0
+        };
         let sc = size_class(f.size, self.size_sub_bits);
         let site = if self.use_site {
             f.site.map_or(0, |s| mix(s ^ 0x5173))
@@ -421,21 +474,52 @@ impl Classifier {
         let base = mix(mix((sc as u64) | ((f.device as u64) << 32)) ^ f.stream) ^ site;
         if self.detect_period && !self.marked.load(Ordering::Relaxed) {
             if let Some(p) = self.detector.feed(clock, base) {
-                self.origin.store(clock, Ordering::Relaxed);
-                self.period.store(p, Ordering::Relaxed);
+                self.set_period(clock, p);
                 self.stats.period_changes.fetch_add(1, Ordering::Relaxed);
             }
         }
         let key = mix(base ^ (self.phase_bucket(clock) << 48)) | 1;
-        let mut slot_idx = NO_SLOT;
+        let Some(i) = self.lookup(key) else {
+            self.stats.unkeyed.fetch_add(1, Ordering::Relaxed);
+            return self.track(f, clock, bytes, sc, None);
+        };
+        let slot = &self.slots[i];
+        let st = KeyState::unpack(slot.state.load(Ordering::Relaxed));
+        // The fast path (most calls): a warm key's prediction is one load. One allocation in
+        // `sample_every` (by a hash of the clock, so a loop whose period is a multiple of the rate still
+        // samples every key) is tracked: measured, scored and learned.
+        let sampled = (clock.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) & self.sample_mask == 0;
+        if st.n >= self.track_below && !sampled {
+            let predicted = match f.hint {
+                Some(h) => h,
+                None => st.class,
+            };
+            return Stamp {
+                slot: i as u32,
+                predicted,
+                flags: F_UNTRACKED,
+                size_class: sc,
+                alloc_clock: clock.wrapping_add(1),
+                byte_clock: bytes,
+            };
+        }
+        self.track(f, clock, bytes, sc, Some(i))
+    }
+
+    /// The tracked path of [`on_alloc`](Self::on_alloc): byte clock, overdue sweeps, epoch buckets, priors.
+    fn track(
+        &self,
+        f: &Features,
+        clock: u64,
+        bytes: u64,
+        sc: u16,
+        slot_idx: Option<usize>,
+    ) -> Stamp {
         let mut learned = None;
         let mut flags = 0;
         let short_epoch = clock >> self.short_shift;
         let mid_epoch = clock >> self.mid_shift;
-        let slot = self.lookup(key).map(|i| {
-            slot_idx = i as u32;
-            &self.slots[i]
-        });
+        let slot = slot_idx.map(|i| &self.slots[i]);
         if let Some(s) = slot {
             self.correct(s, Lifetime::Mid, s.short.sweep(short_epoch));
             self.correct(s, Lifetime::Long, s.mid.sweep(mid_epoch));
@@ -443,8 +527,6 @@ impl Classifier {
             if st.n > 0 {
                 learned = Some(st.class);
             }
-        } else {
-            self.stats.unkeyed.fetch_add(1, Ordering::Relaxed);
         }
         let predicted = match (f.hint, learned) {
             (Some(h), _) => {
@@ -486,7 +568,7 @@ impl Classifier {
             }
         }
         Stamp {
-            slot: slot_idx,
+            slot: slot_idx.map_or(NO_SLOT, |i| i as u32),
             predicted,
             flags,
             size_class: sc,
@@ -496,10 +578,17 @@ impl Classifier {
     }
 
     /// Learns from a free: measures the lifetime, scores the prediction, updates the key (unless an
-    /// overdue sweep already corrected it for this block) and the coarse size bucket of `size`.
-    pub fn on_free(&self, s: &Stamp, size: u64) -> Outcome {
+    /// overdue sweep already corrected it for this block) and the coarse size bucket of `size`. An
+    /// untracked allocation (see [`ClassifierConfig::sample_every`]) teaches nothing: `None`.
+    pub fn on_free(&self, s: &Stamp, size: u64) -> Option<Outcome> {
         let now = self.alloc_clock.load(Ordering::Relaxed);
-        self.last_free.store(now, Ordering::Relaxed);
+        let last = self.last_free.load(Ordering::Relaxed);
+        if last == u64::MAX || now.wrapping_sub(last) > LAST_FREE_SLACK {
+            self.last_free.store(now, Ordering::Relaxed);
+        }
+        if s.flags & F_UNTRACKED != 0 {
+            return None;
+        }
         let la = now.saturating_sub(s.alloc_clock);
         let lb = self
             .byte_clock
@@ -526,12 +615,12 @@ impl Classifier {
             observe_atomic(&self.coarse[sc as usize], actual, 1, self.decay_num);
         }
         self.confusion.add(s.predicted, actual, size);
-        Outcome {
+        Some(Outcome {
             actual,
             lifetime_allocs: la,
             lifetime_bytes: lb,
             mispredicted: actual != s.predicted,
-        }
+        })
     }
 
     /// Marks the start of a new iteration (e.g. a training step). Marks take precedence over detection:
@@ -541,10 +630,12 @@ impl Classifier {
         let c = self.alloc_clock.load(Ordering::Relaxed);
         self.marked.store(true, Ordering::Relaxed);
         let prev = self.last_mark.swap(c, Ordering::Relaxed);
-        if prev != u64::MAX && c > prev {
-            self.period.store(c - prev, Ordering::Relaxed);
-        }
-        self.origin.store(c, Ordering::Relaxed);
+        let period = if prev != u64::MAX && c > prev {
+            c - prev
+        } else {
+            self.period.load(Ordering::Relaxed)
+        };
+        self.set_period(c, period);
     }
 
     /// The iteration period in allocations, marked or detected; `None` while unknown.
@@ -560,7 +651,7 @@ impl Classifier {
     pub fn finish(&self, live: impl Iterator<Item = (Stamp, u64)>) {
         let now = self.alloc_clock.load(Ordering::Relaxed);
         let nowb = self.byte_clock.load(Ordering::Relaxed);
-        for (s, size) in live {
+        for (s, size) in live.filter(|(s, _)| s.flags & F_UNTRACKED == 0) {
             let la = now.saturating_sub(s.alloc_clock);
             let lb = nowb.wrapping_sub(s.byte_clock);
             let lb = if lb > 1 << 62 { 0 } else { lb };

@@ -12,12 +12,28 @@ fn feat(size: u64, site: u64) -> Features {
     }
 }
 
-/// A classifier with period detection off and no burst prior, so tests control every input.
+/// Horizons of the defaults on the allocation clock with the byte clock kept (no byte bound), so
+/// outcomes report lifetimes in bytes too.
+fn with_bytes(b: ClassifierConfigBuilder) -> ClassifierConfigBuilder {
+    let d = ClassifierConfig::default();
+    b.short_horizon(Horizon {
+        bytes: u64::MAX - 1,
+        ..d.short_horizon()
+    })
+    .mid_horizon(Horizon {
+        bytes: u64::MAX - 1,
+        ..d.mid_horizon()
+    })
+}
+
+/// A classifier with period detection off, no burst prior, every allocation tracked and the byte clock
+/// kept, so tests control every input and every free is scored.
 fn plain() -> Classifier {
     Classifier::new(
-        ClassifierConfig::builder()
+        with_bytes(ClassifierConfig::builder())
             .detect_period(false)
             .prior_burst_allocs(0)
+            .sample_every(1)
             .build()
             .unwrap(),
     )
@@ -36,7 +52,7 @@ fn learns_short_and_mid_keys() {
     let c = plain();
     for _ in 0..10 {
         let s = c.on_alloc(&feat(4096, 1));
-        let o = c.on_free(&s, 4096);
+        let o = c.on_free(&s, 4096).unwrap();
         assert_eq!(o.actual, Lifetime::Short);
         assert_eq!(o.lifetime_allocs, 0);
     }
@@ -44,7 +60,7 @@ fn learns_short_and_mid_keys() {
     for _ in 0..4 {
         let s = c.on_alloc(&feat(1 << 20, 2));
         filler(&c, 100);
-        let o = c.on_free(&s, 1 << 20);
+        let o = c.on_free(&s, 1 << 20).unwrap();
         assert_eq!(o.actual, Lifetime::Mid);
         assert_eq!(o.lifetime_allocs, 100);
         assert_eq!(o.lifetime_bytes, 100 * 512);
@@ -81,7 +97,7 @@ fn overdue_short_is_noticed_before_free() {
     );
     // Their frees are scored as misses but not learned twice.
     for s in &held {
-        let o = c.on_free(s, 8192);
+        let o = c.on_free(s, 8192).unwrap();
         assert!(o.mispredicted);
         assert_eq!(o.actual, Lifetime::Mid);
     }
@@ -122,7 +138,7 @@ fn hint_overrides_and_is_scored() {
         ..feat(4096, 1)
     });
     assert_eq!(s.predicted(), Lifetime::Long);
-    let o = c.on_free(&s, 4096);
+    let o = c.on_free(&s, 4096).unwrap();
     assert!(o.mispredicted);
     assert_eq!(o.actual, Lifetime::Short);
     assert_eq!(
@@ -137,6 +153,7 @@ fn priors_for_unseen_keys() {
     let c = Classifier::new(
         ClassifierConfig::builder()
             .detect_period(false)
+            .sample_every(1)
             .build()
             .unwrap(),
     );
@@ -286,6 +303,7 @@ fn config_validation() {
 fn byte_clock_horizon() {
     let c = Classifier::new(
         ClassifierConfig::builder()
+            .sample_every(1)
             .short_horizon(Horizon {
                 allocs: 64,
                 bytes: 1 << 20,
@@ -296,7 +314,7 @@ fn byte_clock_horizon() {
     );
     let s = c.on_alloc(&feat(512, 1));
     c.on_alloc(&feat(2 << 20, 2));
-    let o = c.on_free(&s, 512);
+    let o = c.on_free(&s, 512).unwrap();
     assert_eq!(o.lifetime_allocs, 1);
     assert_eq!(o.lifetime_bytes, 2 << 20);
     assert_eq!(
@@ -310,6 +328,7 @@ fn byte_clock_horizon() {
 fn full_table_falls_back_to_prior() {
     let c = Classifier::new(
         ClassifierConfig::builder()
+            .sample_every(1)
             .capacity(64)
             .max_probes(1)
             .detect_period(false)
@@ -329,7 +348,13 @@ fn full_table_falls_back_to_prior() {
 #[test]
 fn foreign_stamp_does_not_panic() {
     let big = plain();
-    let small = Classifier::new(ClassifierConfig::builder().capacity(64).build().unwrap());
+    let small = Classifier::new(
+        ClassifierConfig::builder()
+            .capacity(64)
+            .sample_every(1)
+            .build()
+            .unwrap(),
+    );
     filler(&big, 1000);
     let mut stamps = Vec::new();
     for i in 0..200 {
@@ -345,7 +370,7 @@ fn foreign_stamp_does_not_panic() {
 fn shared_between_threads() {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<Classifier>();
-    let c = Classifier::new(ClassifierConfig::default());
+    let c = Classifier::new(ClassifierConfig::builder().sample_every(1).build().unwrap());
     let per = if cfg!(miri) { 50 } else { 20_000 };
     std::thread::scope(|sc| {
         for t in 0..4u64 {
@@ -380,13 +405,84 @@ fn the_per_call_fields_fill_the_first_two_cache_lines() {
     use std::mem::{align_of, offset_of};
     assert_eq!(align_of::<Classifier>(), 64);
     assert_eq!(
-        offset_of!(Classifier, marked),
+        offset_of!(Classifier, byte_clock),
         64,
-        "line 0: clocks and the key table"
+        "line 0: the allocation clock, the phase, the key table"
     );
-    assert_eq!(
-        offset_of!(Classifier, prior_burst_allocs),
-        128,
+    assert!(
+        offset_of!(Classifier, drift_min_obs) + 4 <= 128,
         "line 1: the copied configuration"
     );
+}
+
+#[test]
+fn a_warm_key_tracks_one_allocation_in_sample_every() {
+    let c = Classifier::new(
+        ClassifierConfig::builder()
+            .detect_period(false)
+            .prior_burst_allocs(0)
+            .build()
+            .unwrap(),
+    );
+    assert_eq!(c.config().sample_every(), 8);
+    let n = 8000;
+    let mut tracked = 0;
+    for _ in 0..n {
+        let s = c.on_alloc(&feat(4096, 1));
+        if c.on_free(&s, 4096).is_some() {
+            tracked += 1;
+        }
+    }
+    // The first `track_below` (4) allocations of the key are all tracked, then about one in eight.
+    assert!(
+        (n / 8 - n / 40..=n / 8 + n / 40).contains(&tracked),
+        "{tracked} of {n} tracked"
+    );
+    assert_eq!(c.confusion().total_count(), tracked);
+    // Untracked allocations still get the key's prediction.
+    assert_eq!(c.on_alloc(&feat(4096, 1)).predicted(), Lifetime::Short);
+}
+
+#[test]
+fn a_key_that_turns_mid_is_learnt_from_its_samples() {
+    let c = Classifier::new(
+        ClassifierConfig::builder()
+            .detect_period(false)
+            .prior_burst_allocs(0)
+            .build()
+            .unwrap(),
+    );
+    for _ in 0..100 {
+        let s = c.on_alloc(&feat(1 << 20, 7));
+        c.on_free(&s, 1 << 20);
+    }
+    assert_eq!(c.on_alloc(&feat(1 << 20, 7)).predicted(), Lifetime::Short);
+    // Now every block of the key lives 100 allocations: within a few tracked samples it is Mid.
+    let mut flipped = None;
+    for i in 0..400 {
+        let s = c.on_alloc(&feat(1 << 20, 7));
+        filler(&c, 100);
+        c.on_free(&s, 1 << 20);
+        if c.on_alloc(&feat(1 << 20, 7)).predicted() == Lifetime::Mid {
+            flipped = Some(i);
+            break;
+        }
+    }
+    let i = flipped.expect("a key whose blocks all live 100 allocations never turned Mid");
+    assert!(i < 200, "turned Mid only after {i} blocks");
+}
+
+#[test]
+fn sampling_rates_are_validated() {
+    for bad in [0, 3, 512] {
+        assert!(matches!(
+            ClassifierConfig::builder().sample_every(bad).build(),
+            Err(ConfigError::Sampling(_))
+        ));
+    }
+    assert!(ClassifierConfig::builder().sample_every(1).build().is_ok());
+    assert!(ClassifierConfig::builder()
+        .sample_every(256)
+        .build()
+        .is_ok());
 }

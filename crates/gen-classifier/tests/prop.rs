@@ -54,10 +54,18 @@ proptest! {
         probes in 1u32..4,
         byte_short in proptest::option::of(1u64..(1 << 24)),
         detect in any::<bool>(),
+        sample_shift in 0u32..4,
+        track_below in 0u32..6,
     ) {
+        // With a byte bound on the short horizon the byte clock runs; without one it does not, and
+        // outcomes report 0 bytes.
+        let bytes_on = byte_short.is_some();
+        let sample_every = 1u32 << sample_shift;
         let cfg = ClassifierConfig::builder()
             .short_horizon(Horizon { allocs: short, bytes: byte_short.unwrap_or(u64::MAX) })
             .mid_horizon(Horizon { allocs: short + mid_extra, bytes: u64::MAX })
+            .sample_every(sample_every)
+            .track_below(track_below)
             .capacity(64)
             .max_probes(probes)
             .period_min(8)
@@ -80,15 +88,23 @@ proptest! {
                     clock += 1;
                     bytes += size;
                     prop_assert_eq!(s.alloc_clock(), clock);
-                    prop_assert_eq!(s.byte_clock(), bytes);
+                    if bytes_on {
+                        prop_assert_eq!(s.byte_clock(), bytes);
+                    }
                     live.push((s, size, clock, bytes));
                 }
                 Action::Free { pick } if !live.is_empty() => {
                     let (s, size, at, b) = live.swap_remove(pick % live.len());
-                    let o = c.on_free(&s, size);
+                    let Some(o) = c.on_free(&s, size) else {
+                        prop_assert!(!s.is_tracked());
+                        prop_assert!(sample_every > 1, "with sample_every 1 every free is scored");
+                        continue;
+                    };
+                    prop_assert!(s.is_tracked());
+                    let lb = if bytes_on { bytes - b } else { 0 };
                     prop_assert_eq!(o.lifetime_allocs, clock - at);
-                    prop_assert_eq!(o.lifetime_bytes, bytes - b);
-                    prop_assert_eq!(o.actual, c.classify(clock - at, bytes - b));
+                    prop_assert_eq!(o.lifetime_bytes, lb);
+                    prop_assert_eq!(o.actual, c.classify(clock - at, lb));
                     prop_assert_eq!(o.mispredicted, o.actual != s.predicted());
                     counts[s.predicted().index()][o.actual.index()] += 1;
                     sums[s.predicted().index()][o.actual.index()] += size;
@@ -99,8 +115,9 @@ proptest! {
             }
         }
         let mut censored = 0;
-        for (s, size, at, b) in &live {
-            if c.config().short_horizon().fits(clock - at, bytes - b) {
+        for (s, size, at, b) in live.iter().filter(|l| l.0.is_tracked()) {
+            let lb = if bytes_on { bytes - b } else { 0 };
+            if c.config().short_horizon().fits(clock - at, lb) {
                 censored += 1;
             } else {
                 counts[s.predicted().index()][Lifetime::Long.index()] += 1;
@@ -116,6 +133,7 @@ proptest! {
         prop_assert_eq!(st.frees, frees);
         prop_assert_eq!(st.censored, censored);
         prop_assert!(st.keys <= 64);
-        prop_assert_eq!(m.total_count() + censored, frees + live.len() as u64);
+        let live_tracked = live.iter().filter(|l| l.0.is_tracked()).count() as u64;
+        prop_assert_eq!(m.total_count() + censored, frees + live_tracked);
     }
 }

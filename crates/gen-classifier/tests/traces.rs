@@ -1,8 +1,11 @@
 //! Accuracy on the real traces in `benches/traces` (or `$GENPOOL_TRACES`).
 //!
 //! The fast test replays the smallest trace (ResNet-50, 13 149 allocations) with and without call sites
-//! and asserts accuracy floors a little under what was measured (with site: 0.824 by count, 0.941 by
-//! bytes; without: 0.751 / 0.759). The ignored test covers all four traces (`--include-ignored`).
+//! and asserts accuracy floors a little under what was measured over every allocation's prediction with
+//! the default sampled tracking (one tracked allocation in 8 of a warm key; with site: 0.825 by count,
+//! 0.941 by bytes; without: 0.734 / 0.707 — tracking every allocation measured 0.824 / 0.941 and
+//! 0.751 / 0.759: without call sites, keys learn more slowly from a sample). The ignored test covers all
+//! four traces (`--include-ignored`).
 
 mod common;
 
@@ -18,8 +21,8 @@ fn check(name: &str, floors: [(f64, f64); 2]) {
         ),
     };
     for (use_site, (fc, fb)) in [true, false].into_iter().zip(floors) {
-        let c = common::replay(&events, ClassifierConfig::default(), use_site);
-        let m = c.confusion();
+        let (c, m) = common::replay(&events, ClassifierConfig::default(), use_site);
+        let tracked = c.confusion();
         let st = c.stats();
         eprintln!(
             "{name} site={use_site}: count {:.4} bytes {:.4} period {:?}\n{m}",
@@ -37,8 +40,18 @@ fn check(name: &str, floors: [(f64, f64); 2]) {
             "{name} site={use_site}: byte accuracy {}",
             m.accuracy_bytes()
         );
-        // Every allocation is scored once: freed, or live at the end and old enough.
-        assert_eq!(m.total_count() + st.censored, st.allocs);
+        // Every tracked allocation is scored once by the classifier: freed, or live at the end and old
+        // enough; the tracked ones are a sample of all of them.
+        // (`m` scores all of them, here: the tracked ones are a sample, between 1/20 and 1/2.)
+        assert!(tracked.total_count() >= st.frees);
+        assert!(
+            tracked.total_count() * 2 < m.total_count(),
+            "tracking samples"
+        );
+        assert!(
+            tracked.total_count() * 20 > m.total_count(),
+            "tracking samples"
+        );
         // The trace's own facts: short-lived blocks carry most bytes, few blocks are never freed.
         assert!(m.byte_share(Lifetime::Short) > 0.35);
         assert!(m.count_share(Lifetime::Long) < 0.05);
@@ -47,14 +60,14 @@ fn check(name: &str, floors: [(f64, f64); 2]) {
 
 #[test]
 fn resnet50_accuracy_floor() {
-    check("resnet50_train.csv.gz", [(0.80, 0.92), (0.72, 0.73)]);
+    check("resnet50_train.csv.gz", [(0.80, 0.92), (0.71, 0.69)]);
 }
 
 #[test]
 #[ignore = "replays all four traces (~1 s in release)"]
 fn all_traces_accuracy_floor() {
-    check("gpt2_train_fixed.csv.gz", [(0.87, 0.88), (0.79, 0.82)]);
-    check("gpt2m_train_varlen.csv.gz", [(0.88, 0.85), (0.78, 0.79)]);
-    check("resnet50_train.csv.gz", [(0.80, 0.92), (0.72, 0.73)]);
-    check("gpt2_generate_kv.csv.gz", [(0.98, 0.97), (0.96, 0.94)]);
+    check("gpt2_train_fixed.csv.gz", [(0.87, 0.89), (0.78, 0.83)]);
+    check("gpt2m_train_varlen.csv.gz", [(0.87, 0.85), (0.75, 0.78)]);
+    check("resnet50_train.csv.gz", [(0.80, 0.92), (0.71, 0.69)]);
+    check("gpt2_generate_kv.csv.gz", [(0.98, 0.97), (0.95, 0.90)]);
 }

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, Ordering::Relaxed};
 use std::sync::Arc;
 
 use gen_buddy::{Buddy, BuddyConfig};
-use gen_classifier::{Classifier, ClassifierConfig, Features, Lifetime};
+use gen_classifier::{Classifier, ClassifierConfig, Features, Lifetime, Stamp};
 use gen_device::{Device, StreamId};
 use gen_plan::{PlanConfig, PlanServer, PlanServerConfig, Ticket};
 use gen_slab::{Slab, SlabConfig};
@@ -376,6 +376,14 @@ impl Pool {
         }
     }
 
+    /// Tell the classifier a block it stamped is gone (nothing when routing is off: no stamp was made).
+    #[inline]
+    fn learn(&self, stamp: &Stamp, size: u64) {
+        if self.hot.routing != Routing::Single {
+            self.classifier.on_free(stamp, size);
+        }
+    }
+
     /// Whether freed extent/buddy blocks go through the stream caches now.
     #[inline]
     fn caching_now(&self) -> bool {
@@ -440,7 +448,13 @@ impl Pool {
             site: if self.hot.use_site { hint.site } else { None },
             hint: hint.lifetime,
         };
-        let stamp = self.classifier.on_alloc(&features);
+        // Lifetime routing off (`experimental.routing:single`): no prediction is made or learned — the
+        // baseline that shows what the classifier buys.
+        let stamp = if self.hot.routing == Routing::Single {
+            Stamp::NONE
+        } else {
+            self.classifier.on_alloc(&features)
+        };
         let class = stamp.predicted();
         let tier = self.route(size, class);
         let (mut planned, mut ticket) = (None, Ticket::NONE);
@@ -464,7 +478,7 @@ impl Pool {
                     // The classifier advanced its clocks for an allocation that never happened: score
                     // it as an immediate free so its books stay balanced (and the planner, if it was
                     // recording this one, sees it die at once).
-                    self.classifier.on_free(&stamp, size);
+                    self.learn(&stamp, size);
                     self.plan_free(ticket, None);
                     return Err(e);
                 }
@@ -726,7 +740,7 @@ impl Pool {
             self.hot.large_since_free.store(0, Relaxed);
         }
         self.note_stream(stream);
-        self.classifier.on_free(&meta.stamp, size);
+        self.learn(&meta.stamp, size);
         let res = match meta.tier {
             Tier::Extent if meta.ticket.is_planned() => {
                 // Served from the plan's range: the slot is free again once the planner knows. Only one
@@ -917,6 +931,9 @@ impl Pool {
 
     /// Score the blocks still live as the classifier would at the end of a run (for accuracy reports).
     pub fn finish_classifier(&self) {
+        if self.hot.routing == Routing::Single {
+            return; // Nothing was stamped.
+        }
         let live = self.meta.snapshot();
         self.classifier
             .finish(live.into_iter().map(|(_, m)| (m.stamp, m.size)));

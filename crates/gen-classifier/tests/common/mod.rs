@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use flate2::read::GzDecoder;
-use gen_classifier::{Classifier, ClassifierConfig, Features, Stamp};
+use gen_classifier::{Classifier, ClassifierConfig, Confusion, Features, Lifetime, Stamp};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -77,9 +77,15 @@ pub fn load(name: &str) -> Option<Result<Vec<Event>, String>> {
 }
 
 /// Replays `events` through a fresh classifier (site used or ignored), finishing with the live blocks.
-pub fn replay(events: &[Event], cfg: ClassifierConfig, use_site: bool) -> Classifier {
+/// Returns the classifier and the confusion of *every* allocation's prediction, measured here on the
+/// replay's own allocation clock (the classifier scores only the allocations it tracks: one in
+/// `sample_every` of a warm key): blocks freed are scored by their lifetime, blocks still live at the
+/// end score Long when older than the short horizon (younger ones are left out, as `finish` does).
+pub fn replay(events: &[Event], cfg: ClassifierConfig, use_site: bool) -> (Classifier, Confusion) {
     let c = Classifier::new(cfg);
-    let mut live: HashMap<u64, (Stamp, u64)> = HashMap::with_capacity(1 << 16);
+    let mut all = Confusion::default();
+    let mut clock = 0u64;
+    let mut live: HashMap<u64, (Stamp, u64, u64)> = HashMap::with_capacity(1 << 16);
     for ev in events {
         match *ev {
             Event::Alloc {
@@ -96,23 +102,26 @@ pub fn replay(events: &[Event], cfg: ClassifierConfig, use_site: bool) -> Classi
                     hint: None,
                 };
                 let s = c.on_alloc(&f);
-                live.insert(addr, (s, size));
+                clock += 1;
+                live.insert(addr, (s, size, clock));
             }
             Event::Free { addr } => {
-                if let Some((s, size)) = live.remove(&addr) {
+                if let Some((s, size, at)) = live.remove(&addr) {
                     c.on_free(&s, size);
+                    let actual = c.classify(clock - at, 0);
+                    all.counts[s.predicted().index()][actual.index()] += 1;
+                    all.bytes[s.predicted().index()][actual.index()] += size;
                 }
             }
         }
     }
-    c.finish(live.into_values());
-    c
+    let short = c.config().short_horizon().allocs;
+    for (s, size, at) in live.values() {
+        if clock - at > short {
+            all.counts[s.predicted().index()][Lifetime::Long.index()] += 1;
+            all.bytes[s.predicted().index()][Lifetime::Long.index()] += size;
+        }
+    }
+    c.finish(live.into_values().map(|(s, size, _)| (s, size)));
+    (c, all)
 }
-
-/// The four shared traces.
-pub const TRACES: [&str; 4] = [
-    "gpt2_train_fixed.csv.gz",
-    "gpt2m_train_varlen.csv.gz",
-    "resnet50_train.csv.gz",
-    "gpt2_generate_kv.csv.gz",
-];
