@@ -494,6 +494,8 @@ class GenpoolAllocator final : public cca::CUDAAllocator {
       std::function<bool(cudaStream_t)> filter) override {
     check_device(device);
     std::lock_guard<std::mutex> lock(pools_mu_);
+    // A capture that ended without its endAllocateToPool (an exception in capture_end) ends here.
+    sweep_captures_locked();
     auto& p = pools_[device][mempool_id];
     if (p.use_count == 0) {
       // A graph's pool seen first here (MemPools come through createOrIncrefPool).
