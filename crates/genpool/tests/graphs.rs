@@ -239,3 +239,39 @@ fn a_block_placed_during_a_capture_takes_a_new_page_rather_than_a_move() {
     end(&dev);
     pool.free(b.ptr, s).unwrap();
 }
+
+/// Peers on two simulated devices with disjoint address ranges (`genpool::Pools`): device 1 is given
+/// access to device 0's pages, those mapped now and those mapped later; device 1's own pages stay its own.
+#[test]
+fn a_peer_device_gets_access_to_every_page_mapped_now_and_later() {
+    use std::sync::Mutex;
+    let made: Arc<Mutex<Vec<Arc<SimDevice>>>> = Arc::new(Mutex::new(Vec::new()));
+    let m = made.clone();
+    let pools = genpool::Pools::new(2, Config::default(), move |i| {
+        let d = Arc::new(
+            SimDevice::config()
+                .ordinal(i)
+                .capacity(GIB)
+                .address_offset(i as u64 * gen_device::sim::ORDINAL_STRIDE)
+                .build()?,
+        );
+        m.lock().unwrap().push(d.clone());
+        Ok(d as Arc<dyn Device>)
+    });
+    let a = pools.alloc(0, 6 * MIB, 0, Hint::NONE).unwrap();
+    let b = pools.alloc(1, 6 * MIB, 0, Hint::NONE).unwrap();
+    let devs = made.lock().unwrap().clone();
+    let (d0, d1) = (&devs[0], &devs[1]);
+    assert!(!d0.accessible_by(1, a.ptr, a.size));
+    assert!(pools.pool(0).unwrap().page_pool().grant_peer(1).unwrap() >= 3);
+    assert!(d0.accessible_by(1, a.ptr, a.size));
+    let c = pools.alloc(0, 40 * MIB, 0, Hint::NONE).unwrap();
+    assert!(d0.accessible_by(1, c.ptr, c.size), "mapped after the grant");
+    assert!(
+        !d1.accessible_by(0, b.ptr, b.size),
+        "device 1's pages are not opened to 0"
+    );
+    for blk in [a, b, c] {
+        pools.free(blk.ptr, 0).unwrap();
+    }
+}
