@@ -9,7 +9,7 @@
 #      torch.compile(mode="reduce-overhead") with graph trees' checkpoints, torch.multiprocessing IPC
 #      (child on PyTorch's allocator, child on genpool), MemPool
 #   4. NCCL, world size 1: DDP, FSDP2, register_mem_pool (ncclMemAlloc MemPool and the mode's own)
-#   5. compute-sanitizer memcheck over the graph probes under genpool
+#   5. compute-sanitizer memcheck over the graph probes under genpool, racecheck over the capture probe
 #   6. training under CUDA graphs: the step captured whole, and reduce-overhead, memory and step time
 # Logs under $OUT (default out/); the summary tables last. STEPS picks steps (default: all).
 set -uo pipefail
@@ -65,6 +65,10 @@ if has memcheck; then
     --mode genpool > "$OUT/memcheck.log" 2>&1
   echo "memcheck exit $?" >> "$OUT/memcheck.log"
   grep -E "ERROR SUMMARY|memcheck exit|\"ok\"" "$OUT/memcheck.log" | cut -c1-200
+  timeout "${T_RACECHECK:-70}" compute-sanitizer --tool racecheck --error-exitcode 9 python3 benches/gpu/compat.py \
+    --probe cuda_graph_capture --mode genpool > "$OUT/racecheck.log" 2>&1
+  echo "racecheck exit $?" >> "$OUT/racecheck.log"
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|racecheck exit|\"ok\"" "$OUT/racecheck.log" | cut -c1-200
 fi
 
 if has train; then

@@ -227,8 +227,8 @@ impl DeviceState {
 
     /// Make `stream` wait for the work queued so far on each of `others`, so that a block freed on
     /// `stream` is not reused before kernels on those streams are done with it. If an event call fails,
-    /// falls back to synchronizing the device; if that fails too the error is returned and the caller
-    /// must not free the block.
+    /// falls back to synchronizing the device (not while a capture is underway: then the error is
+    /// returned); if that fails too the error is returned and the caller must not free the block.
     pub(crate) fn order_after(
         &self,
         ptr: u64,
@@ -238,6 +238,10 @@ impl DeviceState {
         let dev = self.pool.device();
         for &other in others.iter().filter(|&&s| s != stream) {
             if let Err(e) = self.events.order_after(dev.as_ref(), other, stream) {
+                if dev.captures().active() {
+                    // A capture forbids the synchronize: the block stays allocated (leaked).
+                    return Err(PluginError::StreamOrder { ptr, source: e });
+                }
                 log::warn!(
                     "genpool: event ordering for {ptr:#x} failed ({e}); synchronizing the device"
                 );
