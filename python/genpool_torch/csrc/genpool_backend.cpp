@@ -98,6 +98,16 @@ struct PrivatePool {
   std::shared_ptr<cca::CUDAAllocator> custom;  // a MemPool made with another allocator
 };
 
+// A block of a MemPool made with another allocator (NCCL's ncclMemAlloc, say): served by that allocator,
+// shown in snapshots as a segment of its own (ProcessGroupNCCL's register_mem_pool registers them).
+struct CustomBlock {
+  std::shared_ptr<cca::CUDAAllocator> allocator;
+  c10::DeviceIndex device = 0;
+  size_t size = 0;
+  cudaStream_t stream = nullptr;
+  c10::MempoolId_t pool{0, 0};
+};
+
 // An active beginAllocateToPool: allocations whose stream passes `filter` go to `id`.
 struct PoolContext {
   c10::MempoolId_t id;
@@ -158,9 +168,10 @@ class GenpoolAllocator final : public cca::CUDAAllocator {
     uint64_t pool = 0;
     if (n_contexts_[device].load(std::memory_order_acquire) != 0) {
       std::shared_ptr<cca::CUDAAllocator> custom;
-      pool = route(device, stream, &custom);
+      c10::MempoolId_t custom_id{0, 0};
+      pool = route(device, stream, &custom, &custom_id);
       if (custom) {
-        return custom_alloc(custom, device, size, stream);
+        return custom_alloc(custom, device, size, stream, custom_id);
       }
     }
     void* ptr = nullptr;
@@ -437,6 +448,9 @@ class GenpoolAllocator final : public cca::CUDAAllocator {
       }
       append_segments(d, only[d], owner, out.segments);
     }
+    if (n_custom_.load(std::memory_order_acquire) != 0) {
+      append_custom_segments(all, mempool_id, out.segments);
+    }
     std::lock_guard<std::mutex> lock(history_mu_);
     if (include_traces) {
       for (int d = 0; d < devices; ++d) {
@@ -694,7 +708,7 @@ class GenpoolAllocator final : public cca::CUDAAllocator {
         std::lock_guard<std::mutex> lock(pools_mu_);
         auto it = custom_blocks_.find(ptr);
         if (it != custom_blocks_.end()) {
-          a = it->second;
+          a = it->second.allocator;
         }
       }
       if (a) {
@@ -937,7 +951,8 @@ class GenpoolAllocator final : public cca::CUDAAllocator {
   uint64_t route(
       c10::DeviceIndex device,
       cudaStream_t stream,
-      std::shared_ptr<cca::CUDAAllocator>* custom) {
+      std::shared_ptr<cca::CUDAAllocator>* custom,
+      c10::MempoolId_t* custom_id) {
     std::lock_guard<std::mutex> lock(pools_mu_);
     note_capture_locked(device, stream);
     const auto& v = contexts_by_device_[device];
@@ -949,6 +964,7 @@ class GenpoolAllocator final : public cca::CUDAAllocator {
         }
         if (p->second.custom) {
           *custom = p->second.custom;
+          *custom_id = it->id;
           return 0;
         }
         return unsafe_graph_pools() ? 0 : p->second.genpool_id;
@@ -961,15 +977,47 @@ class GenpoolAllocator final : public cca::CUDAAllocator {
       const std::shared_ptr<cca::CUDAAllocator>& a,
       c10::DeviceIndex device,
       size_t size,
-      cudaStream_t stream) {
+      cudaStream_t stream,
+      c10::MempoolId_t id) {
     void* ptr = a->raw_alloc_with_stream(size, stream);
     TORCH_CHECK_WITH(
         OutOfMemoryError, ptr != nullptr, "CUDA out of memory: the MemPool's allocator returned NULL");
     std::lock_guard<std::mutex> lock(pools_mu_);
-    custom_blocks_[ptr] = a;
+    custom_blocks_[ptr] = CustomBlock{a, device, size, stream, id};
     n_custom_.store(custom_blocks_.size(), std::memory_order_release);
-    (void)device;
     return ptr;
+  }
+
+  // Segments of the blocks MemPools made with another allocator hold: one per block, as PyTorch's
+  // allocator reports them (`all`, or pool `id` only).
+  void append_custom_segments(
+      bool all,
+      c10::MempoolId_t id,
+      std::vector<c10::CachingDeviceAllocator::SegmentInfo>& out) {
+    std::lock_guard<std::mutex> lock(pools_mu_);
+    for (const auto& [ptr, b] : custom_blocks_) {
+      if (!all && !(b.pool == id)) {
+        continue;
+      }
+      c10::CachingDeviceAllocator::SegmentInfo si;
+      si.device = b.device;
+      si.address = reinterpret_cast<size_t>(ptr);
+      si.total_size = b.size;
+      si.requested_size = b.size;
+      si.allocated_size = b.size;
+      si.active_size = b.size;
+      si.stream = b.stream;
+      si.is_large = b.size > (1u << 20);
+      si.is_expandable = false;
+      si.owner_private_pool_id = b.pool;
+      c10::CachingDeviceAllocator::BlockInfo bi;
+      bi.size = b.size;
+      bi.requested_size = b.size;
+      bi.allocated = true;
+      bi.active = true;
+      si.blocks.push_back(std::move(bi));
+      out.push_back(std::move(si));
+    }
   }
 
   bool custom_free(void* ptr) noexcept {
@@ -980,7 +1028,7 @@ class GenpoolAllocator final : public cca::CUDAAllocator {
       if (it == custom_blocks_.end()) {
         return false;
       }
-      a = std::move(it->second);
+      a = std::move(it->second.allocator);
       custom_blocks_.erase(it);
       n_custom_.store(custom_blocks_.size(), std::memory_order_release);
     }
@@ -1228,7 +1276,7 @@ class GenpoolAllocator final : public cca::CUDAAllocator {
   std::unordered_map<c10::MempoolId_t, PrivatePool, MempoolIdHash> pools_[kMaxDevices];
   std::vector<PoolContext> contexts_by_device_[kMaxDevices];
   std::atomic<size_t> n_contexts_[kMaxDevices]{};
-  std::unordered_map<void*, std::shared_ptr<cca::CUDAAllocator>> custom_blocks_;
+  std::unordered_map<void*, CustomBlock> custom_blocks_;
   std::atomic<size_t> n_custom_{0};
   // Captures the engine was told of: capture id -> (device, capturing stream).
   std::unordered_map<unsigned long long, std::pair<c10::DeviceIndex, cudaStream_t>> captures_;
