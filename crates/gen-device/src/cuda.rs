@@ -129,7 +129,23 @@ pub struct CudaDevice {
     /// buffer cannot be freed while a copy uses it.
     hosts: Mutex<HashMap<u64, u64>>,
     errors: Mutex<Vec<DeviceError>>,
+    /// Hot-path driver calls made, by kind (see [`crate::CallCounts`]): relaxed counters, one line.
+    counts: Counts,
     torn_down: bool,
+}
+
+/// The counters behind [`Device::call_counts`].
+#[derive(Default)]
+#[repr(align(64))]
+struct Counts {
+    waits: AtomicU64,
+    device_syncs: AtomicU64,
+    maps: AtomicU64,
+    unmaps: AtomicU64,
+    creates: AtomicU64,
+    event_records: AtomicU64,
+    event_queries: AtomicU64,
+    stream_waits: AtomicU64,
 }
 
 impl fmt::Debug for CudaDevice {
@@ -211,6 +227,7 @@ impl CudaDevice {
             streams: Mutex::new(HashSet::new()),
             hosts: Mutex::new(HashMap::new()),
             errors: Mutex::new(Vec::new()),
+            counts: Counts::default(),
             torn_down: false,
         };
         // From here on `me` owns the retain: an error below releases it through Drop.
@@ -404,6 +421,7 @@ impl Device for CudaDevice {
     fn phys_create(&self, bytes: u64) -> Result<PhysHandle> {
         let call = "cuMemCreate";
         self.enter()?;
+        self.counts.creates.fetch_add(1, Relaxed);
         let n = usize_of(call, bytes)?;
         let mut exportable = self.exportable.load(Relaxed);
         let h = match raw::mem_create(n, self.ordinal_c, exportable) {
@@ -463,6 +481,7 @@ impl Device for CudaDevice {
     fn map_run(&self, va: DevicePtr, bytes: u64, handles: &[PhysHandle]) -> Result<()> {
         let call = "cuMemMap";
         self.enter()?;
+        self.counts.maps.fetch_add(handles.len() as u64, Relaxed);
         let phys = self.phys.read();
         for h in handles {
             match phys.get(&h.0) {
@@ -490,6 +509,7 @@ impl Device for CudaDevice {
 
     fn unmap(&self, va: DevicePtr, bytes: u64) -> Result<()> {
         self.enter()?;
+        self.counts.unmaps.fetch_add(1, Relaxed);
         // SAFETY: the driver validates the range; that no queued work uses it is the tiers' contract.
         unsafe { raw::mem_unmap(va, usize_of("cuMemUnmap", bytes)?) }
     }
@@ -629,6 +649,7 @@ impl Device for CudaDevice {
 
     fn stream_synchronize(&self, stream: StreamId) -> Result<()> {
         self.enter()?;
+        self.counts.waits.fetch_add(1, Relaxed);
         // SAFETY: the stream is the caller's contract (module doc).
         unsafe { raw::stream_synchronize(Self::stream(stream)) }
     }
@@ -655,6 +676,7 @@ impl Device for CudaDevice {
 
     fn event_record(&self, event: EventHandle, stream: StreamId) -> Result<()> {
         self.enter()?;
+        self.counts.event_records.fetch_add(1, Relaxed);
         let events = self.events.read();
         if !events.contains(&event.0) {
             return Err(inval(
@@ -668,6 +690,7 @@ impl Device for CudaDevice {
 
     fn event_query(&self, event: EventHandle) -> Result<bool> {
         self.enter()?;
+        self.counts.event_queries.fetch_add(1, Relaxed);
         let events = self.events.read();
         if !events.contains(&event.0) {
             return Err(inval(
@@ -681,6 +704,7 @@ impl Device for CudaDevice {
 
     fn event_synchronize(&self, event: EventHandle) -> Result<()> {
         self.enter()?;
+        self.counts.waits.fetch_add(1, Relaxed);
         let events = self.events.read();
         if !events.contains(&event.0) {
             return Err(inval(
@@ -694,6 +718,7 @@ impl Device for CudaDevice {
 
     fn stream_wait_event(&self, stream: StreamId, event: EventHandle) -> Result<()> {
         self.enter()?;
+        self.counts.stream_waits.fetch_add(1, Relaxed);
         let events = self.events.read();
         if !events.contains(&event.0) {
             return Err(inval(
@@ -707,7 +732,23 @@ impl Device for CudaDevice {
 
     fn synchronize(&self) -> Result<()> {
         self.enter()?;
+        self.counts.waits.fetch_add(1, Relaxed);
+        self.counts.device_syncs.fetch_add(1, Relaxed);
         raw::ctx_synchronize()
+    }
+
+    fn call_counts(&self) -> crate::CallCounts {
+        let c = &self.counts;
+        crate::CallCounts {
+            waits: c.waits.load(Relaxed),
+            device_syncs: c.device_syncs.load(Relaxed),
+            maps: c.maps.load(Relaxed),
+            unmaps: c.unmaps.load(Relaxed),
+            creates: c.creates.load(Relaxed),
+            event_records: c.event_records.load(Relaxed),
+            event_queries: c.event_queries.load(Relaxed),
+            stream_waits: c.stream_waits.load(Relaxed),
+        }
     }
 
     fn write(&self, dst: DevicePtr, data: &[u8]) -> Result<()> {

@@ -337,6 +337,9 @@ pub trait Device: Send + Sync + fmt::Debug {
         offset: u64,
         bytes: u64,
     ) -> Result<()>;
+    /// Cumulative counts of the hot-path driver calls made through this device (see [`CallCounts`]).
+    fn call_counts(&self) -> CallCounts;
+
     /// Whether `stream` is being captured into a CUDA graph now (`cuStreamIsCapturing`). Mapping and
     /// unmapping memory is illegal during a capture. The default (and the simulator) says no.
     fn stream_is_capturing(&self, stream: StreamId) -> Result<bool> {
@@ -408,6 +411,59 @@ impl Captures {
     /// How many captures are underway.
     pub fn count(&self) -> u32 {
         self.0.load(Ordering::Acquire)
+    }
+}
+
+/// Cumulative counts of the driver calls that cost on an allocator's hot path ([`Device::call_counts`]):
+/// a warm pass of a training loop should make none of them. Counted by the device itself, failed calls
+/// included, so no layer above can under-report.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CallCounts {
+    /// Host waits of any kind: device, stream and event synchronizes.
+    pub waits: u64,
+    /// Of the waits, device-wide synchronizes (`cuCtxSynchronize`).
+    pub device_syncs: u64,
+    /// Pages or runs mapped (`cuMemMap` calls).
+    pub maps: u64,
+    /// Unmaps (`cuMemUnmap` calls).
+    pub unmaps: u64,
+    /// Physical pages created (`cuMemCreate`).
+    pub creates: u64,
+    /// Events recorded (`cuEventRecord`).
+    pub event_records: u64,
+    /// Event queries (`cuEventQuery`).
+    pub event_queries: u64,
+    /// Streams made to wait on an event (`cuStreamWaitEvent`).
+    pub stream_waits: u64,
+}
+
+impl CallCounts {
+    /// Counts made since `earlier`, field by field.
+    pub fn since(&self, earlier: &CallCounts) -> CallCounts {
+        CallCounts {
+            waits: self.waits.saturating_sub(earlier.waits),
+            device_syncs: self.device_syncs.saturating_sub(earlier.device_syncs),
+            maps: self.maps.saturating_sub(earlier.maps),
+            unmaps: self.unmaps.saturating_sub(earlier.unmaps),
+            creates: self.creates.saturating_sub(earlier.creates),
+            event_records: self.event_records.saturating_sub(earlier.event_records),
+            event_queries: self.event_queries.saturating_sub(earlier.event_queries),
+            stream_waits: self.stream_waits.saturating_sub(earlier.stream_waits),
+        }
+    }
+
+    /// The counts as `(name, value)` pairs, in declaration order (for reports).
+    pub fn pairs(&self) -> [(&'static str, u64); 8] {
+        [
+            ("waits", self.waits),
+            ("device_syncs", self.device_syncs),
+            ("maps", self.maps),
+            ("unmaps", self.unmaps),
+            ("creates", self.creates),
+            ("event_records", self.event_records),
+            ("event_queries", self.event_queries),
+            ("stream_waits", self.stream_waits),
+        ]
     }
 }
 

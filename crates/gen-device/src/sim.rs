@@ -1222,6 +1222,22 @@ enum Access<'a> {
 }
 
 impl Device for SimDevice {
+    fn call_counts(&self) -> crate::CallCounts {
+        let c = self.calls();
+        crate::CallCounts {
+            waits: c.get(CallKind::Synchronize)
+                + c.get(CallKind::StreamSynchronize)
+                + c.get(CallKind::EventSynchronize),
+            device_syncs: c.get(CallKind::Synchronize),
+            maps: c.get(CallKind::Map),
+            unmaps: c.get(CallKind::Unmap),
+            creates: c.get(CallKind::PhysCreate),
+            event_records: c.get(CallKind::EventRecord),
+            event_queries: c.get(CallKind::EventQuery),
+            stream_waits: c.get(CallKind::StreamWaitEvent),
+        }
+    }
+
     fn props(&self) -> &DeviceProps {
         &self.props
     }

@@ -41,7 +41,10 @@
 //! [`Slab::reclaim`] takes every free list of a class (stream lists, idle list, pending batches), counts the
 //! free slots per chunk and decommits chunks all of whose slots it holds. If such a chunk holds a slot that
 //! is not yet safe (freed on a stream, or in a pending batch) it first synchronizes the device once; every
-//! slot it did not decommit goes back (after a synchronize: all to the idle list).
+//! slot it did not decommit goes back (after a synchronize: all to the idle list). An owner that knows one
+//! stream is all that uses the slab ([`Slab::set_one_stream`]: the engine, until its second stream) lets
+//! reclaim decommit stream slots without that synchronize: their reuse is stream-ordered, and the page
+//! layer moves a decommitted page only through its fences.
 //!
 //! # Captures
 //! While a CUDA graph capture is underway on the device ([`gen_device::Device::captures`]) the slab
@@ -254,6 +257,9 @@ pub struct Slab {
     events: Mutex<Vec<EventHandle>>,
     counters: Counters,
     region: Region,
+    /// Set by the owner ([`Slab::set_one_stream`]): every user of this slab's memory so far ran on one
+    /// stream, and the owner synchronizes the device before a second stream uses it.
+    one_stream: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Slab {
@@ -397,6 +403,7 @@ impl Slab {
             events: Mutex::new(Vec::new()),
             counters: Counters::default(),
             region,
+            one_stream: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -505,6 +512,15 @@ impl Slab {
             Some(e) => Err(e),
             None => Ok(released),
         }
+    }
+
+    /// Declare whether one stream is all that has used (and, until told otherwise, will use) this slab's
+    /// memory. While set, [`reclaim`](Self::reclaim) decommits empty chunks without synchronizing the
+    /// device: stream order makes their slots' reuse safe, and the page layer moves their pages only
+    /// through its fences. The caller must synchronize the device before a second stream uses the slab,
+    /// and clear this first (the engine does both when it sees its second stream). Off by default.
+    pub fn set_one_stream(&self, on: bool) {
+        self.one_stream.store(on, Release);
     }
 
     /// A snapshot of the counters.
@@ -946,10 +962,13 @@ impl Slab {
         let spc = c.slots_per_chunk;
         let mut free_in = vec![0u32; g.carved as usize];
         let mut unsafe_in = vec![false; g.carved as usize];
+        // One stream (`set_one_stream`): its slots are reused in stream order, and the page layer moves
+        // a decommitted page only through its fences — no synchronize for them.
+        let one_stream = self.one_stream.load(Acquire);
         for &(s, o) in &taken {
             let k = (s / spc) as usize;
             free_in[k] += 1;
-            unsafe_in[k] |= o != IDLE as u8;
+            unsafe_in[k] |= o == PENDING || (o != IDLE as u8 && !one_stream);
         }
         let full = |k: usize| g.committed[k] && free_in[k] == spc;
         let mut err = None;

@@ -461,6 +461,38 @@ fn reclaim_of_safe_slots_needs_no_synchronize_and_unsafe_chunks_wait() {
 }
 
 #[test]
+fn reclaim_on_one_stream_decommits_without_synchronize() {
+    let f = fixture(small_cfg());
+    let s = &f.slab;
+    // Freed on stream 0: not idle, so by default an empty chunk needs a synchronize to go.
+    let p = s.alloc(1024, 0, true).unwrap();
+    s.free(p, 0).unwrap();
+    let before = f.dev.calls();
+    assert_eq!(s.reclaim().unwrap(), 2 * MIB);
+    assert_eq!(
+        f.dev.calls().since(&before).get(CallKind::Synchronize),
+        1,
+        "by default a stream's slots are made safe first"
+    );
+    // The owner says one stream is all there is: the same reclaim makes no synchronize.
+    s.set_one_stream(true);
+    let p = s.alloc(1024, 0, true).unwrap();
+    s.free(p, 0).unwrap();
+    let before = f.dev.calls();
+    assert_eq!(s.reclaim().unwrap(), 2 * MIB);
+    assert_eq!(f.dev.calls().since(&before).get(CallKind::Synchronize), 0);
+    assert_eq!(s.stats().committed_bytes, 0);
+    assert_eq!(f.pool.stats().pages_in_use, 0);
+    // Cleared again (a second stream appeared): back to the safe default.
+    s.set_one_stream(false);
+    let p = s.alloc(1024, 0, true).unwrap();
+    s.free(p, 0).unwrap();
+    let before = f.dev.calls();
+    assert_eq!(s.reclaim().unwrap(), 2 * MIB);
+    assert_eq!(f.dev.calls().since(&before).get(CallKind::Synchronize), 1);
+}
+
+#[test]
 fn stress_threads_alloc_here_free_there() {
     // 256 MiB per class: 4096 slots of the largest class. Blocks in flight between threads, and slots
     // parked on another stream's list until a migration, can exceed the 1024 of `small_cfg` in a

@@ -83,6 +83,12 @@ pub trait ReplayAllocator {
     fn classifier(&self) -> Option<ClassifierReport> {
         None
     }
+    /// Cumulative counts of the driver calls the allocator's device made (`(name, count)`, e.g.
+    /// `device_syncs`), for allocators over a device: the replay reports how many the warm passes made.
+    /// Empty for host-only allocators.
+    fn call_counts(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
 }
 
 impl<A: ReplayAllocator + ?Sized> ReplayAllocator for Box<A> {
@@ -115,6 +121,9 @@ impl<A: ReplayAllocator + ?Sized> ReplayAllocator for Box<A> {
     }
     fn classifier(&self) -> Option<ClassifierReport> {
         (**self).classifier()
+    }
+    fn call_counts(&self) -> Vec<(&'static str, u64)> {
+        (**self).call_counts()
     }
 }
 
@@ -165,6 +174,11 @@ pub struct ReplayReport {
     pub tiers: Vec<TierReport>,
     /// Classifier figures.
     pub classifier: Option<ClassifierReport>,
+    /// Driver calls made during the timed (warm) passes, summed over passes 2..N, by kind
+    /// ([`ReplayAllocator::call_counts`]; empty for host-only allocators). A warm pass of a training
+    /// loop should make no `device_syncs` (`waits`: host waits of any kind).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub warm_calls: std::collections::BTreeMap<&'static str, u64>,
 }
 
 /// One compiled op: an alloc into `slot`, or a free of the block in `slot` (with its alloc's size and
@@ -298,8 +312,13 @@ pub fn replay_plan(
     peak = peak.max(alloc.peak_reserved());
     on_pass(1);
     let mut ns = Vec::with_capacity(opts.passes as usize - 1);
+    let mut warm_calls = std::collections::BTreeMap::new();
     for pass in 2..=opts.passes {
+        let before = alloc.call_counts();
         let elapsed = timed_pass(plan, alloc, opts.ignore_site, &mut ptrs, pass)?;
+        for ((name, after), (_, b)) in alloc.call_counts().into_iter().zip(before) {
+            *warm_calls.entry(name).or_insert(0) += after.saturating_sub(b);
+        }
         finish_pass(plan, alloc, &ptrs, pass)?;
         peak = peak.max(alloc.peak_reserved());
         ns.push(if plan.ops.is_empty() {
@@ -323,6 +342,7 @@ pub fn replay_plan(
         ignore_site: opts.ignore_site,
         tiers: alloc.tiers(),
         classifier: alloc.classifier(),
+        warm_calls,
     })
 }
 

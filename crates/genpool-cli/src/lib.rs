@@ -409,9 +409,26 @@ fn write_table(out: &mut dyn Write, t: &Trace, reports: &[ReplayReport]) -> std:
         if let Some(c) = &r.classifier {
             writeln!(
                 out,
-                "    classifier: {:.1} % of allocations, {:.1} % of bytes predicted right",
+                "    classifier: {:.1} % of tracked allocations, {:.1} % of their bytes predicted right",
                 c.accuracy_count * 100.0,
                 c.accuracy_bytes * 100.0
+            )?;
+        }
+        if !r.warm_calls.is_empty() && r.passes > 1 {
+            let per =
+                |k: &str| r.warm_calls.get(k).copied().unwrap_or(0) as f64 / (r.passes - 1) as f64;
+            writeln!(
+                out,
+                "    driver calls per warm pass: {:.1} host waits ({:.1} device synchronizes), {:.1} page maps, \
+                 {:.1} unmaps, {:.1} creates, {:.1} event records, {:.1} queries, {:.1} stream waits",
+                per("waits"),
+                per("device_syncs"),
+                per("maps"),
+                per("unmaps"),
+                per("creates"),
+                per("event_records"),
+                per("event_queries"),
+                per("stream_waits"),
             )?;
         }
     }

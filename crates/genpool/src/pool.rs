@@ -349,14 +349,17 @@ impl Pool {
                 .compare_exchange(NO_STREAM, stream, Ordering::AcqRel, Relaxed)
                 .is_ok()
         {
-            // One stream: the page pool may move pages still in use by aliasing them (stream order).
+            // One stream: the page pool may move pages still in use by aliasing them, and the slab
+            // reclaims empty chunks without a synchronize (stream order).
             self.pages.set_fence_stream(Some(stream));
+            self.slab.set_one_stream(true);
             return;
         }
         if self.hot.solo_stream.load(Relaxed) != stream
             && !self.hot.multi_stream.swap(true, Ordering::SeqCst)
         {
             self.pages.set_fence_stream(None);
+            self.slab.set_one_stream(false);
             if self.device.captures().active() {
                 // A capture forbids the synchronize. Pages freed so far stay warm (they move only after
                 // a synchronize, after the capture); with stream arenas (the default) the second stream

@@ -163,6 +163,10 @@ impl ReplayAllocator for EngineReplay {
             .collect()
     }
 
+    fn call_counts(&self) -> Vec<(&'static str, u64)> {
+        self.pool.device().call_counts().pairs().to_vec()
+    }
+
     fn classifier(&self) -> Option<ClassifierReport> {
         let c = self.pool.classifier().confusion();
         Some(ClassifierReport {

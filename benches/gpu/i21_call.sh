@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Issue 21 on the GPU machine (run from the repository root, with .gpu/bin/genpool and, for the PyTorch
+# steps, .gpu/bin/libgenpool_torch.so staged): the CUDA replay of every bundled trace through genpool and
+# genpool-single (ratio, warm ns/op, the warm passes' driver calls), and PyTorch's entry points
+# (benches/gpu/torch_replay.py: native, expandable_segments, genpool's backend). STEPS picks steps
+# (default replay,torch). Logs and JSON under $OUT; the table last.
+set -uo pipefail
+G=${G:-.gpu}
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" GENPOOL_LIB="$PWD/$G/bin/libgenpool_torch.so"
+export GENPOOL_SHIM_DIR=/tmp/genpool_cache
+STEPS=${STEPS:-replay,torch}
+PASSES=${PASSES:-5}
+has() { [[ ",$STEPS," == *",$1,"* ]]; }
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; python3 -c 'import torch; print("torch", torch.__version__)'; nproc; } > "$OUT/machine.txt" 2>&1
+all=(benches/traces/*.csv.gz)
+if has replay; then
+  timeout "${T_REPLAY:-300}" "$G"/bin/genpool replay "${all[@]}" --device cuda --passes "$PASSES" \
+    --allocator genpool --allocator genpool-single --json > "$OUT/replay.jsonl" 2> "$OUT/replay.err"
+fi
+if has torch; then
+  tr=(${TORCH_TRACES:-benches/traces/gpt2_generate_kv.csv.gz benches/traces/resnet50_train.csv.gz benches/traces/gpt2_train_fixed.csv.gz benches/traces/bert_serve_4streams.csv.gz})
+  timeout "${T_TORCH:-300}" python3 benches/gpu/torch_replay.py "${tr[@]}" --modes native,expandable,genpool --reps 3 > "$OUT/torch.jsonl" 2> "$OUT/torch.err"
+fi
+cat "$OUT/machine.txt"
+tail -3 "$OUT"/*.err 2>/dev/null | tail -12
+python3 - "$OUT" <<'PY'
+import json, sys, os, glob
+out = sys.argv[1]
+rows = []
+for f in ("replay.jsonl", "torch.jsonl"):
+    p = os.path.join(out, f)
+    if not os.path.exists(p):
+        continue
+    for l in open(p):
+        try:
+            d = json.loads(l)
+        except ValueError:
+            continue
+        w = d.get("warm_calls") or {}
+        n = max(d.get("passes", 2) - 1, 1)
+        rows.append((d.get("trace"), d.get("allocator") or d.get("mode"), d.get("ratio"), d.get("ns_per_op"),
+                     w.get("device_syncs", 0) / n if w else None, w.get("maps", 0) / n if w else None,
+                     w.get("event_records", 0) / n if w else None))
+print("| trace | allocator | ratio | warm ns/op | device syncs / warm pass | maps / warm pass | event records / warm pass |")
+print("|---|---|---|---|---|---|---|")
+for r in sorted(rows, key=lambda r: (str(r[0]), str(r[1]))):
+    f = lambda x, p: "-" if x is None else (p % x)
+    print(f"| {r[0]} | {r[1]} | {f(r[2], '%.4f')} | {f(r[3], '%.0f')} | {f(r[4], '%.1f')} | {f(r[5], '%.1f')} | {f(r[6], '%.1f')} |")
+PY
