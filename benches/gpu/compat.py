@@ -289,6 +289,18 @@ def _graph_model(torch):
                                torch.nn.Linear(2048, 512)).cuda()
 
 
+def _guards(torch, capture_stream, hidden):
+    """Tensors made after a capture, filled with 7: on the current stream and on the capture's (where a
+    block the graph freed during the capture would be handed out first), some of the size of the graph's
+    hidden activations (`hidden` floats), so that memory the graph still uses, handed out, is caught."""
+    sizes = (1000, hidden, hidden, 1 << 18, 1 << 20, 3 << 20)
+    out = [torch.full((n,), 7.0, device="cuda") for n in sizes]
+    with torch.cuda.stream(capture_stream):
+        out += [torch.full((n,), 7.0, device="cuda") for n in sizes]
+    torch.cuda.current_stream().wait_stream(capture_stream)
+    return out
+
+
 @probe
 def p_cuda_graph_capture(torch):
     model = _graph_model(torch)
@@ -300,10 +312,10 @@ def p_cuda_graph_capture(torch):
             model(static_in)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with torch.cuda.graph(g, stream=s):
         static_out = model(static_in)
     # Tensors allocated after the capture must never be touched by replays.
-    guards = [torch.full((n,), 7.0, device="cuda") for n in (1000, 1 << 18, 1 << 20, 3 << 20)]
+    guards = _guards(torch, s, 64 * 2048)
     for i in range(50):
         static_in.copy_(torch.randn(64, 512, device="cuda"))
         g.replay()
@@ -334,6 +346,72 @@ def p_cuda_graph_shared_pool(torch):
 
 
 @probe
+def p_cuda_graph_capture_pages_pending(torch):
+    # The device pool has free pages on two streams (moves would need a synchronize) when a capture
+    # needs fresh memory; meanwhile a tensor is made and freed on another stream (the device pool).
+    side = torch.cuda.Stream()
+    for i in range(6):
+        with torch.cuda.stream(side if i % 2 else torch.cuda.current_stream()):
+            t = torch.empty((40 + 8 * i) * MIB, dtype=torch.uint8, device="cuda")
+            del t
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        warm = torch.empty(24 * MIB, dtype=torch.uint8, device="cuda")  # cached for the side stream
+    del warm
+    model = _graph_model(torch)
+    static_in = torch.randn(1024, 512, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            model(static_in)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        static_out = model(static_in)
+        with torch.cuda.stream(side):
+            other = torch.empty(24 * MIB, dtype=torch.uint8, device="cuda")
+        del other
+    guards = _guards(torch, s, 1024 * 2048)
+    for _ in range(20):
+        static_in.copy_(torch.randn(1024, 512, device="cuda"))
+        g.replay()
+    torch.cuda.synchronize()
+    check(torch.allclose(static_out, model(static_in), atol=1e-4), "replay equals eager")
+    check(all(bool((t == 7.0).all()) for t in guards), "memory allocated after the capture untouched")
+    return {}
+
+
+@probe
+def p_cuda_graph_unsafe_variant_is_caught(torch):
+    # genpool only: with the debug switch the graph's freed blocks are handed out after the capture;
+    # the check the graph probes make (guards untouched by replays) must see the corruption.
+    import genpool_torch
+    if not genpool_torch.is_installed():
+        raise AssertionError("genpool's debug switch (not PyTorch's)")
+    os.environ["GENPOOL_DEBUG_UNSAFE_GRAPH_POOLS"] = "1"
+    model = _graph_model(torch)
+    static_in = torch.randn(64, 512, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        model(static_in)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        static_out = model(static_in)
+    # The hidden activations (64 x 2048 floats) were freed during the capture: guards land on them.
+    guards = _guards(torch, s, 64 * 2048)
+    for _ in range(5):
+        g.replay()
+    torch.cuda.synchronize()
+    touched = sum(not bool((t == 7.0).all()) for t in guards)
+    check(touched > 0, "the unsafe variant went unnoticed: the guard check does not bite")
+    del static_out
+    return {"guards_corrupted": touched}
+
+
+@probe
 def p_mempool(torch):
     pool = torch.cuda.MemPool()
     with torch.cuda.use_mem_pool(pool):
@@ -350,43 +428,115 @@ def p_mempool(torch):
     return {}
 
 
+def _count_checkpoints(torch):
+    """Count CUDA graph trees' restores of a pool to a checkpoint (setCheckpointPoolState)."""
+    n = [0]
+    real = torch._C._cuda_setCheckpointPoolState
+
+    def counted(*a, **k):
+        n[0] += 1
+        return real(*a, **k)
+
+    torch._C._cuda_setCheckpointPoolState = counted
+    return n
+
+
 @probe
 def p_compile_reduce_overhead(torch):
+    restores = _count_checkpoints(torch)
     model = _graph_model(torch)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     step = torch.compile(model, mode="reduce-overhead")
     torch.manual_seed(1)
     losses = []
-    for _ in range(6):
-        x = torch.randn(64, 512, device="cuda")
+    # Two batch sizes, alternating after a while: new graphs are recorded after others replayed.
+    for i in range(12):
+        x = torch.randn(64 if i < 6 or i % 2 else 32, 512, device="cuda")
         loss = step(x).square().mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(round(loss.item(), 4))
-    return {"losses": losses}
-
-
-def _ipc_child(q, r):
-    t = q.get()
-    r.put(float(t.sum()))
+    return {"losses": losses, "restores": restores[0]}
 
 
 @probe
-def p_ipc_share_tensor(torch):
+def p_compile_graph_tree_branches(torch):
+    # f then g, replayed; then f then h: h is recorded after f replayed, so graph trees put the pool
+    # back to f's checkpoint (setCheckpointPoolState) before recording it.
+    restores = _count_checkpoints(torch)
+
+    def f(x):
+        return (x * 2 + 1).relu()
+
+    def g(y):
+        return y.sin() * 3
+
+    def h(y):
+        return y.cos() - y
+
+    fc, gc, hc = (torch.compile(fn, mode="reduce-overhead") for fn in (f, g, h))
+    x = torch.randn(1 << 16, device="cuda")
+    outs = []
+    for i in range(8):
+        torch.compiler.cudagraph_mark_step_begin()
+        y = fc(x)
+        z = (gc if i < 4 else hc)(y)
+        ref = (g if i < 4 else h)(f(x))
+        check(torch.allclose(z, ref, atol=1e-5), f"step {i}: graph tree output equals eager")
+        outs.append(round(float(z.sum()), 2))
+    check(restores[0] >= 1, "no checkpoint was restored: the probe did not branch")
+    return {"sums": outs, "restores": restores[0]}
+
+
+def _ipc_child(q, r, install):
+    # A child of `torch.multiprocessing` (spawn): PyTorch's allocator unless `install` (genpool's).
+    if install:
+        import genpool_torch
+        genpool_torch.install()
+    import torch
+    try:
+        t = q.get()
+        seen = float(t.sum())
+        t.add_(1.0)  # written through the shared pages: the sender sees it
+        torch.cuda.synchronize()
+        r.put(seen)
+        r.put(q.get())  # hold the tensor until the sender has looked
+    except Exception as e:  # noqa: BLE001 - the sender reports it
+        r.put(f"{type(e).__name__}: {e}"[:300])
+
+
+def _ipc(torch, install_child):
     import torch.multiprocessing as mp
     ctx = mp.get_context("spawn")
     q, r = ctx.Queue(), ctx.Queue()
-    p = ctx.Process(target=_ipc_child, args=(q, r))
+    p = ctx.Process(target=_ipc_child, args=(q, r, install_child))
     t = torch.ones(1 << 20, device="cuda")
     # Share the storage here, so a refusal surfaces in this process rather than in the queue's thread.
     t.untyped_storage()._share_cuda_()
     p.start()
     q.put(t)
     got = r.get(timeout=120)
-    p.join(60)
+    check(not isinstance(got, str), f"child failed: {got}")
     check(got == float(1 << 20), f"child saw {got}")
-    return {}
+    torch.cuda.synchronize()
+    check(float(t.sum()) == 2.0 * (1 << 20), "the child's write is seen by the sender")
+    q.put("done")
+    r.get(timeout=60)
+    p.join(60)
+    return {"child": "genpool" if install_child else "native"}
+
+
+@probe
+def p_ipc_share_tensor(torch):
+    # The child runs PyTorch's own allocator (as a spawned child does unless it installs genpool).
+    return _ipc(torch, False)
+
+
+@probe
+def p_ipc_share_tensor_genpool_child(torch):
+    # Both sides under the mode's allocator: genpool sends and genpool opens.
+    return _ipc(torch, os.environ.get("COMPAT_MODE") == "genpool")
 
 
 @probe
@@ -502,7 +652,9 @@ def main():
         return r
 
     # The slow probes first, so they overlap the rest.
-    jobs.sort(key=lambda nm: nm[0] not in ("compile_reduce_overhead", "ipc_share_tensor", "cudnn_benchmark"))
+    slow = ("compile_reduce_overhead", "compile_graph_tree_branches", "ipc_share_tensor",
+            "ipc_share_tensor_genpool_child", "cudnn_benchmark")
+    jobs.sort(key=lambda nm: nm[0] not in slow)
     with ThreadPoolExecutor(a.jobs) as ex:
         results = list(ex.map(one, jobs))
     if stream:

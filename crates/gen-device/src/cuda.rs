@@ -41,14 +41,15 @@ mod raw;
 use std::collections::{HashMap, HashSet};
 use std::ffi::c_int;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 use cudarc::driver::sys;
 use parking_lot::{Mutex, RwLock};
 
 use crate::{
-    Device, DeviceError, DeviceProps, DevicePtr, EventHandle, HostHandle, PhysHandle, PoolHandle,
-    PoolUsage, Reserved, Result, StreamId,
+    Captures, Device, DeviceError, DeviceProps, DevicePtr, EventHandle, HostHandle, PhysHandle,
+    PoolHandle, PoolUsage, Reserved, Result, StreamId,
 };
 
 /// A raw driver handle (context, pool, event or stream) held as an integer.
@@ -87,6 +88,17 @@ fn inval(call: &'static str, detail: impl Into<String>) -> DeviceError {
     }
 }
 
+/// A physical handle this device holds.
+struct PhysEntry {
+    bytes: u64,
+    /// Made exportable (`CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR` requested at creation).
+    exportable: bool,
+    /// Imported from another process's descriptor: its memory is not counted here.
+    imported: bool,
+    /// The descriptor exported for it, closed (dropped) when the handle is released.
+    export: Option<OwnedFd>,
+}
+
 /// A CUDA device through the driver API (see the [module documentation](self)).
 pub struct CudaDevice {
     props: DeviceProps,
@@ -100,9 +112,15 @@ pub struct CudaDevice {
     /// Sum of the pools' last-read `RESERVED_MEM_CURRENT` (updated by wrapping deltas).
     pool_sum: AtomicU64,
     plain: Mutex<HashMap<DevicePtr, u64>>,
-    /// Physical handles and their sizes. `map` holds the read lock across the driver call, release the
-    /// write lock, so a handle cannot be released while it is being mapped.
-    phys: RwLock<HashMap<u64, u64>>,
+    /// Physical handles. `map` holds the read lock across the driver call, release the write lock, so
+    /// a handle cannot be released while it is being mapped.
+    phys: RwLock<HashMap<u64, PhysEntry>>,
+    /// Whether `cuMemCreate` still asks for an exportable handle (cleared, once, when the driver refuses
+    /// it: IPC of genpool's memory is then refused with a clear error).
+    exportable: AtomicBool,
+    /// Devices every new mapping is opened to ([`Device::add_peer`]).
+    peers: RwLock<Vec<c_int>>,
+    captures: Captures,
     /// Pools and their last-read reserved bytes (same locking discipline as `phys`).
     pools: RwLock<HashMap<Raw, AtomicU64>>,
     events: RwLock<HashSet<Raw>>,
@@ -201,6 +219,9 @@ impl CudaDevice {
             pool_sum: AtomicU64::new(0),
             plain: Mutex::new(HashMap::new()),
             phys: RwLock::new(HashMap::new()),
+            exportable: AtomicBool::new(true),
+            peers: RwLock::new(Vec::new()),
+            captures: Captures::new(),
             pools: RwLock::new(HashMap::new()),
             events: RwLock::new(HashSet::new()),
             streams: Mutex::new(HashSet::new()),
@@ -401,8 +422,32 @@ impl Device for CudaDevice {
         let call = "cuMemCreate";
         self.enter()?;
         self.counts.creates.fetch_add(1, Relaxed);
-        let h = raw::mem_create(usize_of(call, bytes)?, self.ordinal_c)?;
-        self.phys.write().insert(h, bytes);
+        let n = usize_of(call, bytes)?;
+        let mut exportable = self.exportable.load(Relaxed);
+        let h = match raw::mem_create(n, self.ordinal_c, exportable) {
+            Ok(h) => h,
+            Err(e) if exportable && !e.is_oom() => {
+                // A driver or platform without POSIX-descriptor export: plain pages from now on.
+                log::warn!(
+                    "CudaDevice {}: cuMemCreate with an exportable handle failed ({e}); creating \
+                     pages without one (CUDA IPC of this device's memory will be refused)",
+                    self.props.ordinal
+                );
+                self.exportable.store(false, Relaxed);
+                exportable = false;
+                raw::mem_create(n, self.ordinal_c, false)?
+            }
+            Err(e) => return Err(e),
+        };
+        self.phys.write().insert(
+            h,
+            PhysEntry {
+                bytes,
+                exportable,
+                imported: false,
+                export: None,
+            },
+        );
         self.held.fetch_add(bytes, Relaxed);
         self.note_peak();
         Ok(PhysHandle(h))
@@ -412,16 +457,20 @@ impl Device for CudaDevice {
         let call = "cuMemRelease";
         self.enter()?;
         let mut phys = self.phys.write();
-        let Some(&bytes) = phys.get(&handle.0) else {
+        let Some(e) = phys.get(&handle.0) else {
             return Err(inval(
                 call,
                 format!("unknown physical handle {:#x}", handle.0),
             ));
         };
+        let (bytes, imported) = (e.bytes, e.imported);
         // SAFETY: the handle is live (in the registry) and removed below, so it is released once.
         unsafe { raw::mem_release(handle.0) }?;
+        // Dropping the entry closes the descriptor exported for it, if any.
         phys.remove(&handle.0);
-        self.held.fetch_sub(bytes, Relaxed);
+        if !imported {
+            self.held.fetch_sub(bytes, Relaxed);
+        }
         Ok(())
     }
 
@@ -437,18 +486,25 @@ impl Device for CudaDevice {
         for h in handles {
             match phys.get(&h.0) {
                 None => return Err(inval(call, format!("unknown physical handle {:#x}", h.0))),
-                Some(&size) if size != bytes => {
+                Some(e) if e.bytes != bytes => {
                     return Err(inval(
                         call,
-                        format!("size {bytes:#x} differs from the handle's size {size:#x}"),
+                        format!(
+                            "size {bytes:#x} differs from the handle's size {:#x}",
+                            e.bytes
+                        ),
                     ))
                 }
                 Some(_) => {}
             }
         }
         let raw_handles: Vec<_> = handles.iter().map(|h| h.0).collect();
+        // This device and its peers: a page mapped after `add_peer` is open to the peer at once.
+        let ordinals: Vec<c_int> = std::iter::once(self.ordinal_c)
+            .chain(self.peers.read().iter().copied())
+            .collect();
         // SAFETY: every handle is live and of `bytes` bytes; the read lock keeps them from being released.
-        unsafe { raw::mem_map_run(va, usize_of(call, bytes)?, &raw_handles, self.ordinal_c) }
+        unsafe { raw::mem_map_run(va, usize_of(call, bytes)?, &raw_handles, &ordinals) }
     }
 
     fn unmap(&self, va: DevicePtr, bytes: u64) -> Result<()> {
@@ -778,5 +834,84 @@ impl Device for CudaDevice {
                 Self::stream(stream),
             )
         }
+    }
+
+    fn captures(&self) -> &Captures {
+        &self.captures
+    }
+
+    fn add_peer(&self, peer: usize) -> Result<bool> {
+        let call = "cuMemSetAccess";
+        self.enter()?;
+        let count = raw::device_count()?;
+        let p = c_int::try_from(peer).ok().filter(|_| peer < count).ok_or(
+            DeviceError::InvalidDevice {
+                ordinal: peer,
+                count,
+            },
+        )?;
+        if p == self.ordinal_c {
+            return Err(inval(call, format!("device {peer} cannot be its own peer")));
+        }
+        let mut peers = self.peers.write();
+        if peers.contains(&p) {
+            return Ok(false);
+        }
+        peers.push(p);
+        Ok(true)
+    }
+
+    fn set_peer_access(&self, va: DevicePtr, bytes: u64, peer: usize) -> Result<()> {
+        let call = "cuMemSetAccess";
+        self.enter()?;
+        let p = c_int::try_from(peer).map_err(|_| inval(call, format!("device {peer}")))?;
+        raw::mem_set_access(va, usize_of(call, bytes)?, p)
+    }
+
+    fn export_handle(&self, handle: PhysHandle) -> Result<i32> {
+        let call = "cuMemExportToShareableHandle";
+        self.enter()?;
+        let mut phys = self.phys.write();
+        let Some(e) = phys.get_mut(&handle.0) else {
+            return Err(inval(
+                call,
+                format!("unknown physical handle {:#x}", handle.0),
+            ));
+        };
+        if let Some(fd) = &e.export {
+            return Ok(fd.as_raw_fd());
+        }
+        if e.imported {
+            return Err(inval(
+                call,
+                format!("handle {:#x} was imported; its owner exports it", handle.0),
+            ));
+        }
+        if !e.exportable {
+            return Err(DeviceError::Unsupported(
+                "cuMemExportToShareableHandle (this driver refused exportable pages)",
+            ));
+        }
+        // SAFETY: the handle is live (registered, write lock held) and was made exportable.
+        let fd = unsafe { raw::export_fd(handle.0) }?;
+        // SAFETY: the driver just opened `fd` for this process and hands its ownership to us.
+        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        e.export = Some(owned);
+        Ok(fd)
+    }
+
+    fn import_handle(&self, fd: BorrowedFd<'_>, bytes: u64) -> Result<PhysHandle> {
+        self.enter()?;
+        let h = raw::import_fd(fd.as_raw_fd())?;
+        self.phys.write().insert(
+            h,
+            PhysEntry {
+                bytes,
+                exportable: false,
+                imported: true,
+                export: None,
+            },
+        );
+        Ok(PhysHandle(h))
     }
 }

@@ -16,10 +16,13 @@
 
 use std::fmt;
 
+use std::os::fd::BorrowedFd;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 pub mod cuda;
+pub mod ipc;
 pub mod sim;
 
 pub use cuda::CudaDevice;
@@ -189,6 +192,16 @@ pub enum DeviceError {
         /// What was wrong.
         detail: String,
     },
+    /// An operating-system call failed (the file descriptors of CUDA IPC: `pidfd_open`, `pidfd_getfd`).
+    #[error("{call}: {message} (errno {errno})")]
+    Os {
+        /// The call that failed.
+        call: &'static str,
+        /// `errno`.
+        errno: i32,
+        /// What it means here.
+        message: String,
+    },
 }
 
 impl DeviceError {
@@ -333,6 +346,72 @@ pub trait Device: Send + Sync + fmt::Debug {
         let _ = stream;
         Ok(false)
     }
+
+    // ---- captures (CUDA graphs): what the engine must not call meanwhile ----
+
+    /// The captures underway on this device that its user told of ([`Captures`]). While one is underway
+    /// the engine makes no call a capture forbids (`cuCtxSynchronize`, stream and event synchronizes,
+    /// event queries, unmapping): it defers the work or fails with a typed error. Every engine of the
+    /// device shares this one count, because they share the device object.
+    fn captures(&self) -> &Captures;
+
+    // ---- peers ----
+
+    /// From now on make every new mapping readable and writable by device `peer` as well as this one.
+    /// Returns `false` when `peer` had been added before. Mappings made earlier are the caller's to
+    /// open to the peer ([`Device::set_peer_access`]).
+    fn add_peer(&self, peer: usize) -> Result<bool>;
+    /// Make `[va, va + bytes)`, mapped memory of this device, readable and writable by device `peer`
+    /// (`cuMemSetAccess`); granularity-aligned.
+    fn set_peer_access(&self, va: DevicePtr, bytes: u64, peer: usize) -> Result<()>;
+
+    // ---- sharing physical memory with another process (CUDA IPC) ----
+
+    /// A POSIX file descriptor for physical allocation `handle` (`cuMemExportToShareableHandle`), for
+    /// another process to take with `pidfd_getfd` ([`ipc::fd_of_process`]). The device keeps the
+    /// descriptor open, and returns the same one, until `handle` is released.
+    fn export_handle(&self, handle: PhysHandle) -> Result<i32>;
+    /// A physical allocation of `bytes` from a file descriptor of this process made by
+    /// [`Device::export_handle`] in some process (`cuMemImportFromShareableHandle`). The descriptor
+    /// stays the caller's; the handle maps like any other and is released with [`Device::phys_release`]
+    /// (the memory lives until every process has released it). Not counted in [`Device::reserved`].
+    fn import_handle(&self, fd: BorrowedFd<'_>, bytes: u64) -> Result<PhysHandle>;
+}
+
+/// Captures underway on a device (see [`Device::captures`]): a count that the device's user (the
+/// PyTorch backend: `beginAllocateToPool` on a capturing stream, `endAllocateToPool`) raises and
+/// lowers, read with one relaxed load by the paths that would synchronize.
+#[derive(Debug, Default)]
+pub struct Captures(AtomicU32);
+
+impl Captures {
+    /// No capture underway.
+    pub const fn new() -> Self {
+        Captures(AtomicU32::new(0))
+    }
+
+    /// A capture began.
+    pub fn begin(&self) {
+        self.0.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A capture ended. Returns `false`, changing nothing, when none was underway.
+    pub fn end(&self) -> bool {
+        self.0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
+    /// Whether any capture is underway.
+    #[inline]
+    pub fn active(&self) -> bool {
+        self.0.load(Ordering::Acquire) != 0
+    }
+
+    /// How many captures are underway.
+    pub fn count(&self) -> u32 {
+        self.0.load(Ordering::Acquire)
+    }
 }
 
 /// Cumulative counts of the driver calls that cost on an allocator's hot path ([`Device::call_counts`]):
@@ -438,6 +517,22 @@ mod tests {
         assert_eq!(d.props().name, "SimDevice");
         let p = d.mem_alloc(1).unwrap();
         d.mem_free(p).unwrap();
+    }
+
+    #[test]
+    fn captures_count_and_refuse_an_end_without_a_begin() {
+        let c = Captures::new();
+        assert!(!c.active());
+        assert!(!c.end(), "no capture underway");
+        c.begin();
+        c.begin();
+        assert_eq!(c.count(), 2);
+        assert!(c.end());
+        assert!(c.active());
+        assert!(c.end());
+        assert!(!c.active());
+        assert!(!c.end());
+        assert_eq!(c.count(), 0);
     }
 
     #[test]

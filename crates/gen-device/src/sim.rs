@@ -53,6 +53,24 @@
 //! device fault — and has no effect. Without backing, `write` and `memset_async` only validate the range and
 //! `read` returns [`DeviceError::Unsupported`].
 //!
+//! # Captures, peers, IPC
+//! [`SimDevice::begin_capture`] simulates a CUDA graph capture of one stream in global mode: until
+//! [`SimDevice::end_capture`], a call a capture forbids (`synchronize`, `stream_synchronize`,
+//! `event_synchronize`, `event_query`, `unmap`) fails with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and
+//! invalidates the capture, and an event recorded on the capturing stream counts as a violation too
+//! (its completion can never be learnt); [`SimDevice::capture_violations`] lists them, so a test sees
+//! every call the engine should not have made. This is the driver's side; what the engine was told
+//! ([`Device::captures`]) is separate, as on a real GPU.
+//!
+//! Each mapping records the devices that may access it (this one, the peers added before it was made
+//! with [`Device::add_peer`], and those given access later with [`Device::set_peer_access`]):
+//! [`SimDevice::accessible_by`] checks a range.
+//!
+//! [`Device::export_handle`] hands out a real file descriptor (a memfd) standing for the physical
+//! allocation; [`Device::import_handle`] on the same device recognises it by its inode and makes a new
+//! handle of the same memory (data written through one mapping reads back through the other). The
+//! memory lives until its handle and every import are released.
+//!
 //! # Test hooks
 //! [`SimDevice::calls`] counts every device call by [`CallKind`] (failed calls included);
 //! [`SimDevice::fail_next`] makes the next call of a kind fail; [`SimDevice::set_capacity`] shrinks or grows
@@ -61,12 +79,13 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fmt;
 use std::ops::Index;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use parking_lot::Mutex;
 
 use crate::{
-    Device, DeviceError, DeviceProps, DevicePtr, EventHandle, HostHandle, PhysHandle, PoolHandle,
-    PoolUsage, Reserved, Result, StreamId,
+    Captures, Device, DeviceError, DeviceProps, DevicePtr, EventHandle, HostHandle, PhysHandle,
+    PoolHandle, PoolUsage, Reserved, Result, StreamId,
 };
 
 /// Base of the addresses returned by [`Device::mem_alloc`].
@@ -272,6 +291,12 @@ call_kinds! {
     CopyToHost => "cuMemcpyDtoH (pinned)",
     /// [`Device::copy_from_host`].
     CopyFromHost => "cuMemcpyHtoD (pinned)",
+    /// [`Device::add_peer`] and [`Device::set_peer_access`].
+    SetAccess => "cuMemSetAccess",
+    /// [`Device::export_handle`].
+    Export => "cuMemExportToShareableHandle",
+    /// [`Device::import_handle`].
+    Import => "cuMemImportFromShareableHandle",
 }
 
 impl fmt::Display for CallKind {
@@ -347,6 +372,19 @@ fn inval(call: &'static str, detail: impl Into<String>) -> DeviceError {
     DeviceError::InvalidArgument {
         call,
         detail: detail.into(),
+    }
+}
+
+/// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, as the driver returns it.
+const CAPTURE_UNSUPPORTED: i32 = 900;
+
+fn capture_error(call: &'static str) -> DeviceError {
+    DeviceError::Driver {
+        call,
+        code: CAPTURE_UNSUPPORTED,
+        message: "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: operation not permitted when stream is \
+                  capturing (SimDevice: the capture is invalidated)"
+            .to_string(),
     }
 }
 
@@ -467,11 +505,81 @@ struct Phys {
     size: u64,
     map_count: u64,
     data: Sparse,
+    /// An import ([`Device::import_handle`]): the handle whose memory this is (its `data` is unused).
+    source: Option<u64>,
+    /// Imports of this handle not yet released.
+    imports: u64,
+    /// Released while imports of it were live: the memory stays until the last import goes.
+    released: bool,
+    /// The descriptor [`Device::export_handle`] made for it, closed when it is released.
+    export: Option<OwnedFd>,
+}
+
+impl Phys {
+    fn new(size: u64, source: Option<u64>) -> Self {
+        Phys {
+            size,
+            map_count: 0,
+            data: Sparse::default(),
+            source,
+            imports: 0,
+            released: false,
+            export: None,
+        }
+    }
 }
 
 struct Mapping {
     size: u64,
     handle: u64,
+    /// Devices that may access it (ordinals), this one first.
+    access: Vec<usize>,
+}
+
+/// A simulated capture (see [`SimDevice::begin_capture`]).
+#[derive(Default)]
+struct Capture {
+    /// The capturing stream, while one captures.
+    stream: Option<StreamId>,
+    /// Calls the capture forbids, made while it ran: the current capture's.
+    current: Vec<&'static str>,
+    /// Every such call since the device was made.
+    all: Vec<&'static str>,
+}
+
+/// A memfd: a real file descriptor with an inode of its own, standing for an exported handle.
+pub(crate) fn memfd(name: &str) -> Result<OwnedFd> {
+    let call = "memfd_create";
+    let cname = std::ffi::CString::new(name).map_err(|_| inval(call, "name with a NUL byte"))?;
+    // SAFETY: `cname` is a valid NUL-terminated string that outlives the call; no other pointers.
+    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(DeviceError::Os {
+            call,
+            errno: e.raw_os_error().unwrap_or(0),
+            message: e.to_string(),
+        });
+    }
+    // SAFETY: `fd` was just opened by the kernel for us and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The (device, inode) identity of an open file.
+fn inode_of(call: &'static str, fd: BorrowedFd<'_>) -> Result<(u64, u64)> {
+    let meta = std::fs::File::from(fd.try_clone_to_owned().map_err(|e| DeviceError::Os {
+        call,
+        errno: e.raw_os_error().unwrap_or(0),
+        message: e.to_string(),
+    })?)
+    .metadata()
+    .map_err(|e| DeviceError::Os {
+        call,
+        errno: e.raw_os_error().unwrap_or(0),
+        message: e.to_string(),
+    })?;
+    use std::os::unix::fs::MetadataExt;
+    Ok((meta.dev(), meta.ino()))
 }
 
 struct PlainBlock {
@@ -546,6 +654,11 @@ struct State {
     next_host: u64,
     calls: [u64; N_KINDS],
     faults: Vec<VecDeque<Option<DeviceError>>>,
+    capture: Capture,
+    /// Devices added by [`Device::add_peer`].
+    peers: Vec<usize>,
+    /// Exported handles by the identity of their descriptor.
+    exports: HashMap<(u64, u64), u64>,
 }
 
 /// Where a device byte lives.
@@ -583,6 +696,39 @@ impl State {
             next_host: 1,
             calls: [0; N_KINDS],
             faults: (0..N_KINDS).map(|_| VecDeque::new()).collect(),
+            capture: Capture::default(),
+            peers: Vec::new(),
+            exports: HashMap::new(),
+        }
+    }
+
+    /// A call a capture forbids: while one runs, it fails and invalidates the capture.
+    fn forbidden_in_capture(&mut self, kind: CallKind) -> Result<()> {
+        if self.capture.stream.is_none() {
+            return Ok(());
+        }
+        self.capture.current.push(kind.name());
+        self.capture.all.push(kind.name());
+        Err(capture_error(kind.name()))
+    }
+
+    /// The handle whose bytes `h` shows (itself, or the exported handle it imports).
+    fn root(&self, h: u64) -> u64 {
+        self.phys.get(&h).and_then(|p| p.source).unwrap_or(h)
+    }
+
+    /// Forget a handle that is released and whose imports are all released too.
+    fn drop_phys_if_done(&mut self, h: u64) {
+        let Some(p) = self.phys.get(&h) else { return };
+        if p.released && p.imports == 0 {
+            let size = p.size;
+            let p = self.phys.remove(&h).expect("checked");
+            if let Some(fd) = &p.export {
+                if let Ok(id) = inode_of("cuMemRelease", fd.as_fd()) {
+                    self.exports.remove(&id);
+                }
+            }
+            self.discharge(size);
         }
     }
 
@@ -780,7 +926,10 @@ impl State {
     fn data_mut(&mut self, t: Target) -> &mut Sparse {
         match t {
             Target::Plain(k) => &mut self.plain.get_mut(&k).expect("located").data,
-            Target::Phys(k) => &mut self.phys.get_mut(&k).expect("located").data,
+            Target::Phys(k) => {
+                let k = self.root(k);
+                &mut self.phys.get_mut(&k).expect("located").data
+            }
             Target::Pool(k) => &mut self.blocks.get_mut(&k).expect("located").data,
         }
     }
@@ -800,7 +949,7 @@ impl State {
     fn data(&self, t: Target) -> &Sparse {
         match t {
             Target::Plain(k) => &self.plain[&k].data,
-            Target::Phys(k) => &self.phys[&k].data,
+            Target::Phys(k) => &self.phys[&self.root(k)].data,
             Target::Pool(k) => &self.blocks[&k].data,
         }
     }
@@ -815,6 +964,7 @@ pub struct SimDevice {
     props: DeviceProps,
     backed: bool,
     state: Mutex<State>,
+    captures: Captures,
 }
 
 impl fmt::Debug for SimDevice {
@@ -856,7 +1006,63 @@ impl SimDevice {
             },
             backed: c.backed,
             state: Mutex::new(State::new(c.capacity, c.address_offset)),
+            captures: Captures::new(),
         }
+    }
+
+    /// Simulate the driver capturing `stream` into a CUDA graph (global mode) until
+    /// [`SimDevice::end_capture`]: see the module doc. One capture at a time.
+    pub fn begin_capture(&self, stream: StreamId) -> Result<()> {
+        let call = "cuStreamBeginCapture";
+        let mut st = self.state.lock();
+        st.stream(call, stream)?;
+        if let Some(s) = st.capture.stream {
+            return Err(inval(call, format!("stream {s:#x} is capturing already")));
+        }
+        st.capture.stream = Some(stream);
+        st.capture.current.clear();
+        Ok(())
+    }
+
+    /// End the simulated capture: an error naming the forbidden calls made during it when they
+    /// invalidated it (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`, as `cuStreamEndCapture` returns).
+    pub fn end_capture(&self) -> Result<()> {
+        let call = "cuStreamEndCapture";
+        let mut st = self.state.lock();
+        if st.capture.stream.take().is_none() {
+            return Err(inval(call, "no stream is capturing"));
+        }
+        let bad = std::mem::take(&mut st.capture.current);
+        if bad.is_empty() {
+            Ok(())
+        } else {
+            Err(DeviceError::Driver {
+                call,
+                code: 901,
+                message: format!(
+                    "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: forbidden calls during the capture: {bad:?}"
+                ),
+            })
+        }
+    }
+
+    /// Every call a simulated capture forbade, in order, since the device was made.
+    pub fn capture_violations(&self) -> Vec<&'static str> {
+        self.state.lock().capture.all.clone()
+    }
+
+    /// Whether device `who` may access every byte of `[va, va + len)` (all of it mapped).
+    pub fn accessible_by(&self, who: usize, va: DevicePtr, len: u64) -> bool {
+        let st = self.state.lock();
+        let end = va.saturating_add(len);
+        let mut pos = va;
+        while pos < end {
+            match st.mappings.range(..=pos).next_back() {
+                Some((&s, m)) if pos < s + m.size && m.access.contains(&who) => pos = s + m.size,
+                _ => return false,
+            }
+        }
+        true
     }
 
     /// Whether memory has host bytes behind it ([`SimConfig::backed`]).
@@ -955,7 +1161,7 @@ impl SimDevice {
         SimOutstanding {
             plain_allocs: st.plain.len(),
             va_reservations: st.reservations.len(),
-            phys_handles: st.phys.len(),
+            phys_handles: st.phys.values().filter(|p| !p.released).count(),
             mappings: st.mappings.len(),
             pools: st.pools.len(),
             pool_live_blocks: st.blocks.len() - cached,
@@ -1182,14 +1388,7 @@ impl Device for SimDevice {
         st.charge(call, bytes)?;
         let h = st.next_phys;
         st.next_phys += 1;
-        st.phys.insert(
-            h,
-            Phys {
-                size: bytes,
-                map_count: 0,
-                data: Sparse::default(),
-            },
-        );
+        st.phys.insert(h, Phys::new(bytes, None));
         Ok(PhysHandle(h))
     }
 
@@ -1202,6 +1401,10 @@ impl Device for SimDevice {
                 call,
                 format!("unknown physical handle {:#x}", handle.0),
             )),
+            Some(p) if p.released => Err(inval(
+                call,
+                format!("physical handle {:#x} was released already", handle.0),
+            )),
             Some(p) if p.map_count > 0 => Err(inval(
                 call,
                 format!(
@@ -1209,12 +1412,22 @@ impl Device for SimDevice {
                     handle.0, p.map_count
                 ),
             )),
-            Some(p) => {
-                let size = p.size;
-                st.phys.remove(&handle.0);
-                st.discharge(size);
-                Ok(())
-            }
+            Some(p) => match p.source {
+                // An import: its memory is its source's, which may go with it.
+                Some(src) => {
+                    st.phys.remove(&handle.0);
+                    if let Some(s) = st.phys.get_mut(&src) {
+                        s.imports -= 1;
+                    }
+                    st.drop_phys_if_done(src);
+                    Ok(())
+                }
+                None => {
+                    st.phys.get_mut(&handle.0).expect("checked").released = true;
+                    st.drop_phys_if_done(handle.0);
+                    Ok(())
+                }
+            },
         }
     }
 
@@ -1232,6 +1445,7 @@ impl Device for SimDevice {
         let p = st
             .phys
             .get(&handle.0)
+            .filter(|p| !p.released)
             .ok_or_else(|| inval(call, format!("unknown physical handle {:#x}", handle.0)))?;
         if p.size != bytes {
             return Err(inval(
@@ -1268,11 +1482,15 @@ impl Device for SimDevice {
             ));
         }
         st.phys.get_mut(&handle.0).expect("checked").map_count += 1;
+        let access = std::iter::once(self.props.ordinal)
+            .chain(st.peers.iter().copied())
+            .collect();
         st.mappings.insert(
             va,
             Mapping {
                 size: bytes,
                 handle: handle.0,
+                access,
             },
         );
         Ok(())
@@ -1282,6 +1500,7 @@ impl Device for SimDevice {
         let call = CallKind::Unmap.name();
         let mut st = self.state.lock();
         st.enter(CallKind::Unmap, None)?;
+        st.forbidden_in_capture(CallKind::Unmap)?;
         self.check_gran(call, "size", bytes)?;
         let end = va
             .checked_add(bytes)
@@ -1500,6 +1719,7 @@ impl Device for SimDevice {
         let call = CallKind::StreamSynchronize.name();
         let mut st = self.state.lock();
         st.enter(CallKind::StreamSynchronize, None)?;
+        st.forbidden_in_capture(CallKind::StreamSynchronize)?;
         st.stream(call, stream)?;
         st.progress();
         let s = &st.streams[&stream];
@@ -1544,6 +1764,11 @@ impl Device for SimDevice {
         if !st.events.contains_key(&event.0) {
             return Err(inval(call, format!("unknown event {:#x}", event.0)));
         }
+        if st.capture.stream == Some(stream) {
+            // Legal for the driver (the record joins the graph), but its completion can never be
+            // learnt: an engine recording a fence here is wrong.
+            st.capture.all.push("cuEventRecord on the capturing stream");
+        }
         let seq = st.enqueue(stream);
         st.events.get_mut(&event.0).expect("checked").recorded = Some((stream, seq));
         st.progress();
@@ -1554,6 +1779,7 @@ impl Device for SimDevice {
         let call = CallKind::EventQuery.name();
         let mut st = self.state.lock();
         st.enter(CallKind::EventQuery, None)?;
+        st.forbidden_in_capture(CallKind::EventQuery)?;
         st.progress();
         let e = st
             .events
@@ -1566,6 +1792,7 @@ impl Device for SimDevice {
         let call = CallKind::EventSynchronize.name();
         let mut st = self.state.lock();
         st.enter(CallKind::EventSynchronize, None)?;
+        st.forbidden_in_capture(CallKind::EventSynchronize)?;
         st.progress();
         let e = st
             .events
@@ -1611,6 +1838,7 @@ impl Device for SimDevice {
         let call = CallKind::Synchronize.name();
         let mut st = self.state.lock();
         st.enter(CallKind::Synchronize, None)?;
+        st.forbidden_in_capture(CallKind::Synchronize)?;
         st.progress();
         if st.streams.values().any(|s| s.completed < s.submitted) {
             return Err(inval(
@@ -1719,6 +1947,110 @@ impl Device for SimDevice {
             done += n as usize;
         }
         Ok(())
+    }
+
+    fn captures(&self) -> &Captures {
+        &self.captures
+    }
+
+    fn add_peer(&self, peer: usize) -> Result<bool> {
+        let call = CallKind::SetAccess.name();
+        let mut st = self.state.lock();
+        st.enter(CallKind::SetAccess, None)?;
+        if peer == self.props.ordinal {
+            return Err(inval(call, format!("device {peer} cannot be its own peer")));
+        }
+        if st.peers.contains(&peer) {
+            return Ok(false);
+        }
+        st.peers.push(peer);
+        Ok(true)
+    }
+
+    fn set_peer_access(&self, va: DevicePtr, bytes: u64, peer: usize) -> Result<()> {
+        let call = CallKind::SetAccess.name();
+        let mut st = self.state.lock();
+        st.enter(CallKind::SetAccess, None)?;
+        self.check_gran(call, "size", bytes)?;
+        let end = va
+            .checked_add(bytes)
+            .ok_or_else(|| inval(call, "range overflows"))?;
+        let mut pos = va;
+        let mut covered = Vec::new();
+        for (&s, m) in st.mappings.range(va..end) {
+            if s != pos {
+                break;
+            }
+            pos = s + m.size;
+            covered.push(s);
+        }
+        if pos != end {
+            return Err(inval(
+                call,
+                format!("[{va:#x}, {end:#x}) is not wholly mapped (gap at {pos:#x})"),
+            ));
+        }
+        for s in covered {
+            let m = st.mappings.get_mut(&s).expect("collected above");
+            if !m.access.contains(&peer) {
+                m.access.push(peer);
+            }
+        }
+        Ok(())
+    }
+
+    fn export_handle(&self, handle: PhysHandle) -> Result<i32> {
+        let call = CallKind::Export.name();
+        let mut st = self.state.lock();
+        st.enter(CallKind::Export, None)?;
+        let p = st
+            .phys
+            .get(&handle.0)
+            .filter(|p| !p.released)
+            .ok_or_else(|| inval(call, format!("unknown physical handle {:#x}", handle.0)))?;
+        if p.source.is_some() {
+            return Err(inval(
+                call,
+                format!("handle {:#x} is an import; export the original", handle.0),
+            ));
+        }
+        if let Some(fd) = &p.export {
+            return Ok(fd.as_raw_fd());
+        }
+        let fd = memfd("gen-device-sim-export")?;
+        let id = inode_of(call, fd.as_fd())?;
+        let raw = fd.as_raw_fd();
+        st.phys.get_mut(&handle.0).expect("checked").export = Some(fd);
+        st.exports.insert(id, handle.0);
+        Ok(raw)
+    }
+
+    fn import_handle(&self, fd: BorrowedFd<'_>, bytes: u64) -> Result<PhysHandle> {
+        let call = CallKind::Import.name();
+        let id = inode_of(call, fd)?;
+        let mut st = self.state.lock();
+        st.enter(CallKind::Import, None)?;
+        let src = *st.exports.get(&id).ok_or_else(|| {
+            inval(
+                call,
+                "the descriptor is not an exported handle of this simulated device",
+            )
+        })?;
+        let size = st.phys[&src].size;
+        if size != bytes {
+            return Err(inval(
+                call,
+                format!("size {bytes:#x} differs from the exported handle's {size:#x}"),
+            ));
+        }
+        st.phys
+            .get_mut(&src)
+            .expect("exported handles are live")
+            .imports += 1;
+        let h = st.next_phys;
+        st.next_phys += 1;
+        st.phys.insert(h, Phys::new(size, Some(src)));
+        Ok(PhysHandle(h))
     }
 }
 

@@ -277,3 +277,49 @@ fn usable_from_other_threads() {
         h.join().unwrap();
     }
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn exported_pages_import_through_a_pidfd_as_the_same_memory() {
+    use std::os::fd::AsFd;
+    let Some(d) = gpu("exported_pages_import_through_a_pidfd_as_the_same_memory") else {
+        return;
+    };
+    let g = d.props().vmm_granularity;
+    let va = d.va_reserve(2 * g, 0).unwrap();
+    let h = d.phys_create(g).unwrap();
+    d.map(va, g, h).unwrap();
+    d.write(va + 64, b"across processes").unwrap();
+    let fd = d.export_handle(h).unwrap();
+    assert_eq!(d.export_handle(h).unwrap(), fd, "one descriptor per handle");
+    // The receiver's path: its own copy of the descriptor through a pidfd (here of this process).
+    let mine = gen_device::ipc::ProcessFds::open(gen_device::ipc::this_process())
+        .unwrap()
+        .take(fd)
+        .unwrap();
+    let imp = d.import_handle(mine.as_fd(), g).unwrap();
+    d.map(va + g, g, imp).unwrap();
+    let mut out = [0u8; 16];
+    d.read(va + g + 64, &mut out).unwrap();
+    assert_eq!(&out, b"across processes");
+    d.unmap(va, 2 * g).unwrap();
+    d.phys_release(imp).unwrap();
+    d.phys_release(h).unwrap();
+    d.va_release(va, 2 * g).unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_device_is_not_its_own_peer_and_peers_must_exist() {
+    let Some(d) = gpu("a_device_is_not_its_own_peer_and_peers_must_exist") else {
+        return;
+    };
+    assert!(matches!(
+        d.add_peer(0),
+        Err(DeviceError::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        d.add_peer(4096),
+        Err(DeviceError::InvalidDevice { .. })
+    ));
+}

@@ -197,6 +197,42 @@ impl ExtentArena {
         Ok(self.base + off)
     }
 
+    /// Allocate `size` bytes (rounded up to 512 B) at exactly `ptr` and commit them (creating pages as
+    /// needed): restoring blocks a CUDA graph baked in. The whole range must be free in this arena;
+    /// otherwise [`TierError::Unplaceable`], with no effect. Returns the rounded size.
+    pub fn alloc_at(&self, ptr: u64, size: u64) -> Result<u64, TierError> {
+        let rounded = round_size(size).ok_or(TierError::InvalidSize(size))?;
+        let unplaceable = |reason| TierError::Unplaceable {
+            ptr,
+            size: rounded,
+            reason,
+        };
+        if !self.owns(ptr) || ptr - self.base > self.len - rounded.min(self.len) {
+            return Err(unplaceable("not inside this arena"));
+        }
+        if (ptr - self.base) % MIN_BLOCK != 0 {
+            return Err(unplaceable("not aligned to 512 bytes"));
+        }
+        let off = ptr - self.base;
+        let mut g = self.inner.lock();
+        if g.core.alloc_at(off, rounded).is_none() {
+            return Err(unplaceable(
+                "the range is not free (a live block overlaps it)",
+            ));
+        }
+        let pages = match self.region.commit_counted(off, rounded, true) {
+            Ok(pages) => pages,
+            Err(e) => {
+                g.core.free(off);
+                return Err(e.into());
+            }
+        };
+        g.peak_committed_pages = g.peak_committed_pages.max(pages);
+        g.peak_live = g.peak_live.max(g.core.live_bytes());
+        g.allocs += 1;
+        Ok(rounded)
+    }
+
     /// Free the block starting at `ptr`: decommit its bytes and coalesce; returns its (rounded) size. A
     /// pointer that is not the start of a live block is [`TierError::InvalidFree`], with no effect.
     pub fn free(&self, ptr: u64) -> Result<u64, TierError> {

@@ -45,6 +45,14 @@
 //! stream is all that uses the slab ([`Slab::set_one_stream`]: the engine, until its second stream) lets
 //! reclaim decommit stream slots without that synchronize: their reuse is stream-ordered, and the page
 //! layer moves a decommitted page only through its fences.
+//!
+//! # Captures
+//! While a CUDA graph capture is underway on the device ([`gen_device::Device::captures`]) the slab
+//! makes no call a capture forbids: no event is queried or waited for (pending batches wait), no batch
+//! migrates (its event could land on the capturing stream), the second stream's synchronize waits
+//! (earlier frees stay on the first stream's lists: correct, only slower), reclaim gives nothing back,
+//! and a free on a stream beyond the table — which would record an event on that stream — is refused
+//! with [`gen_vmm::VmmError::Capturing`] (the block stays live). Carving new chunks is allowed.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -495,6 +503,10 @@ impl Slab {
     }
 
     fn reclaim_with(&self, may_sync: bool) -> Result<u64, TierError> {
+        if self.capturing() {
+            // Reclaim queries events, may order streams or synchronize: after the capture.
+            return Ok(0);
+        }
         let mut released = 0;
         let mut first_err = None;
         for c in self.class.iter() {
@@ -624,6 +636,12 @@ impl Slab {
         }
     }
 
+    /// Whether a capture is underway on the device.
+    #[inline]
+    fn capturing(&self) -> bool {
+        self.device.captures().active()
+    }
+
     /// Register `stream` in the stream table: its slot, or `None` when the table is full.
     #[cold]
     fn register(&self, stream: StreamId) -> Result<Option<usize>, TierError> {
@@ -647,6 +665,11 @@ impl Slab {
     /// first stream) safe everywhere, so those slots move to the idle lists. Failing that, they stay on
     /// the first stream's lists (correct, only slower).
     fn second_stream(&self) {
+        if self.capturing() {
+            // The synchronize that would make earlier frees safe everywhere is forbidden: they stay on
+            // the first stream's lists (reused there, or migrated under an event after the capture).
+            return;
+        }
         let mut moved = Vec::new();
         for (ci, c) in self.class.iter().enumerate() {
             if let Some(l) = c.lists[0].get() {
@@ -700,21 +723,22 @@ impl Slab {
         if let Some(slot) = own.and_then(FrontCache::pop).or_else(|| idle.pop()) {
             return Ok(self.hand_out(c, slot));
         }
-        if self.poll_pending(&mut g, idle)? {
+        let capturing = self.capturing();
+        if !capturing && self.poll_pending(&mut g, idle)? {
             if let Some(slot) = idle.pop() {
                 return Ok(self.hand_out(c, slot));
             }
         }
         // Another stream's free slots, usable at once: this stream waits (on the device) for that
-        // stream's work so far.
-        if let (Some(own), Some(t)) = (own, t) {
+        // stream's work so far. Not during a capture (the wait would join the graph).
+        if let (false, Some(own), Some(t)) = (capturing, own, t) {
             if self.take_ordered(c, own, t, stream) {
                 if let Some(slot) = own.pop() {
                     return Ok(self.hand_out(c, slot));
                 }
             }
         }
-        if self.migrate(c, &mut g, t)? && self.poll_pending(&mut g, idle)? {
+        if !capturing && self.migrate(c, &mut g, t)? && self.poll_pending(&mut g, idle)? {
             if let Some(slot) = idle.pop() {
                 return Ok(self.hand_out(c, slot));
             }
@@ -733,7 +757,7 @@ impl Slab {
             Err(Err(e)) => return Err(e),
         };
         // Memory pressure: wait for migrated batches rather than take new memory.
-        if self.sync_pending(&mut g, idle) {
+        if !capturing && self.sync_pending(&mut g, idle) {
             if let Some(slot) = idle.pop() {
                 return Ok(self.hand_out(c, slot));
             }
@@ -958,6 +982,12 @@ impl Slab {
                 ptr,
                 reason: "not allocated (double free?)",
             });
+        }
+        if self.capturing() {
+            return Err(VmmError::Capturing(
+                "an event recorded for a free on a stream beyond the slab's table",
+            )
+            .into());
         }
         let event = self.record(stream)?;
         if c.live[slot as usize].swap(0, AcqRel) == 0 {

@@ -654,3 +654,72 @@ fn timing_thread_scaling() {
         }
     }
 }
+
+/// A capture underway: the second stream's synchronize, migrations, event polls and reclaim wait; the
+/// simulated driver sees no forbidden call (it would list it), and the capture ends valid.
+#[test]
+fn a_capture_makes_the_slab_defer_what_would_synchronize() {
+    let f = fixture(small_cfg());
+    let s = &f.slab;
+    let (t, u) = (
+        f.dev.stream_create().unwrap(),
+        f.dev.stream_create().unwrap(),
+    );
+    // Frees on the first stream (0), then a capture of `t`, which the slab sees for the first time.
+    let p = s.alloc(MIB, 0, true).unwrap();
+    let q = s.alloc(MIB, 0, true).unwrap();
+    s.free(p, 0).unwrap();
+    s.free(q, 0).unwrap();
+    f.dev.begin_capture(t).unwrap();
+    f.dev.captures().begin();
+    let a = s.alloc(MIB, t, true).unwrap();
+    assert!(
+        a != p && a != q,
+        "stream 0's frees are not safe on t without the synchronize"
+    );
+    s.free(a, t).unwrap();
+    assert_eq!(s.alloc(MIB, t, true).unwrap(), a, "t's own free, at once");
+    assert_eq!(s.reclaim().unwrap(), 0, "reclaim waits");
+    // Another stream, also new: no migration (its event could land in the graph).
+    let b = s.alloc(MIB, u, true).unwrap();
+    assert!(b != p && b != q);
+    assert!(f.dev.captures().end());
+    f.dev
+        .end_capture()
+        .expect("no forbidden call during the capture");
+    assert!(f.dev.capture_violations().is_empty());
+    assert_eq!(s.stats().migrations, 0);
+    // After it, stream 0's frees reach the other streams again (under an event).
+    s.free(b, u).unwrap();
+    let mut got = HashSet::new();
+    for _ in 0..3 {
+        got.insert(s.alloc(MIB, u, true).unwrap());
+    }
+    assert!(
+        got.contains(&p) || got.contains(&q),
+        "migrated after the capture"
+    );
+}
+
+#[test]
+fn a_free_beyond_the_stream_table_is_refused_during_a_capture() {
+    let f = fixture(small_cfg());
+    let s = &f.slab;
+    let streams: Vec<u64> = (0..=STREAM_SLOTS)
+        .map(|_| f.dev.stream_create().unwrap())
+        .collect();
+    let mut blocks = Vec::new();
+    for &st in &streams {
+        blocks.push((s.alloc(4096, st, true).unwrap(), st));
+    }
+    let (ptr, last) = *blocks.last().unwrap();
+    f.dev.begin_capture(streams[0]).unwrap();
+    f.dev.captures().begin();
+    assert!(matches!(
+        s.free(ptr, last),
+        Err(TierError::Vmm(VmmError::Capturing(_)))
+    ));
+    assert!(f.dev.captures().end());
+    f.dev.end_capture().unwrap();
+    assert_eq!(s.free(ptr, last).unwrap(), 4096, "still live, freed after");
+}

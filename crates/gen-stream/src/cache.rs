@@ -429,6 +429,10 @@ impl StreamCache {
         spare: &mut Vec<Vec<DevicePtr>>,
         stats: &mut ShardStats,
     ) -> Option<DevicePtr> {
+        if self.capturing() {
+            // Event queries and records (a migration's event could land in the graph) wait.
+            return None;
+        }
         // 1. Pending batches whose event has completed become safe everywhere.
         let mut i = 0;
         while i < entry.pending.len() {
@@ -511,6 +515,9 @@ impl StreamCache {
     /// If a synchronize fails, the blocks of that stream stay cached and the first error is returned
     /// after every other block has been handed back. `f` runs with no lock of this cache held.
     pub fn drain(&self, f: &mut dyn FnMut(DevicePtr, u64)) -> Result<u64, DeviceError> {
+        if self.capturing() {
+            return Ok(0);
+        }
         let transition = self.transition.lock();
         let groups = self.extract_all();
         // Synchronize each stream that has blocks once.
@@ -553,6 +560,9 @@ impl StreamCache {
         min_bytes: u64,
         f: &mut dyn FnMut(DevicePtr, u64),
     ) -> Result<u64, DeviceError> {
+        if self.capturing() {
+            return Ok(0);
+        }
         let transition = self.transition.lock();
         let mut groups = self.extract_all();
         groups.sort_unstable_by_key(|g| std::cmp::Reverse(g.size));
@@ -740,6 +750,13 @@ impl StreamCache {
         *self.last_error.lock() = Some(e);
     }
 
+    /// Whether a CUDA graph capture is underway on the device: the cache then makes no call it forbids
+    /// (no event query or record, no synchronize; drains hand back nothing).
+    #[inline]
+    fn capturing(&self) -> bool {
+        self.device.captures().active()
+    }
+
     /// Notes that `stream` is in use; the first sight of a second stream runs the one-stream shortcut.
     #[inline]
     fn observe(&self, stream: StreamId) {
@@ -772,6 +789,10 @@ impl StreamCache {
     /// The one-stream shortcut: pull every ready block out, synchronize the device once (their frees
     /// all came before it), then publish them as safe everywhere. Called with `transition` held.
     fn promote_all(&self) {
+        if self.capturing() {
+            // The synchronize is forbidden: cached blocks stay on their streams' lists (correct).
+            return;
+        }
         let mut groups = Vec::new();
         for (si, cell) in self.shards.iter().enumerate() {
             let mut guard = cell.lock.lock();

@@ -397,3 +397,36 @@ fn put_over_bound_keeps_the_block_and_counts_it() {
     assert_eq!(got, vec![0x1000, 0x3000]);
     c.put(0x5000, 512, 0).unwrap();
 }
+
+/// A capture underway: a block freed on another stream is not migrated (no event record, no query), the
+/// second stream's shortcut synchronize waits, drains hand back nothing; afterwards all resumes.
+#[test]
+fn a_capture_defers_migrations_shortcuts_and_drains() {
+    let dev = sim();
+    let (s, t) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
+    let c = cache(&dev, StreamCacheConfig::default());
+    c.put(0x1000, KB4, s).unwrap();
+    dev.begin_capture(t).unwrap();
+    dev.captures().begin();
+    assert_eq!(
+        c.take(KB4, t),
+        None,
+        "s's free is not safe on t without an event"
+    );
+    assert_eq!(c.take(KB4, s), Some(0x1000), "s's own, at once");
+    c.put(0x1000, KB4, s).unwrap();
+    assert_eq!(c.drain(&mut |_, _| panic!("nothing drained")).unwrap(), 0);
+    assert_eq!(
+        c.drain_at_least(KB4, &mut |_, _| panic!("nothing drained"))
+            .unwrap(),
+        0
+    );
+    assert!(dev.captures().end());
+    dev.end_capture().expect("no forbidden call");
+    assert!(dev.capture_violations().is_empty());
+    assert_eq!(
+        c.take(KB4, t),
+        Some(0x1000),
+        "migrated once the capture ended"
+    );
+}

@@ -54,6 +54,29 @@
 //! usual. At most as many old mappings as pages held are kept, the oldest idle ones unmapped first;
 //! [`PagePool::release_unused`] and a region's drop unmap them all. Driver calls per move avoided, H200:
 //! `cuMemMap` ~3 µs, `cuMemSetAccess` ~23 µs, `cuMemUnmap` ~16 µs (docs/BENCHMARKS.md).
+//!
+//! # Pages that stay (CUDA graphs)
+//!
+//! Two situations forbid moving a page away from an address ([`PagePool::pages_stay`]):
+//!
+//! - **a capture is underway** on the device ([`Device::captures`]): a capture in global mode forbids
+//!   synchronizing, querying or waiting for events and unmapping, and a fence recorded on the
+//!   capturing stream would join the graph. A commit then revives pages in place, takes cached or old
+//!   mappings back with no call, and creates a page where it would have moved one; it records no fence
+//!   (one is recorded by the first commit after the capture) and polls none; `release_unused` and
+//!   eager unmapping wait. A commit that could only proceed by unmapping fails with
+//!   [`VmmError::Capturing`], changing nothing: the capture stays valid.
+//! - **the pool keeps its mappings** ([`PagePool::set_keep_mappings`]; a CUDA graph's private pool):
+//!   the graph's kernels use the addresses its blocks had while it was captured, whatever became of
+//!   those blocks since, so no address may lose its page while the pool lives. Pages are revived in
+//!   place or created, never stolen; `release_unused` gives back only unmapped handles.
+//!
+//! # Sharing pages
+//!
+//! [`PagePool::export`] hands out a POSIX descriptor per page under a live range (CUDA IPC): a page
+//! referenced by a live block never moves, so what the other process maps is what the range shows
+//! for as long as the block lives. [`PagePool::grant_peer`] opens every page mapped now, and every one
+//! mapped later, to a peer device.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -123,6 +146,20 @@ pub enum VmmError {
     /// [`PagePool::wake`] on a pool that is not asleep.
     #[error("the page pool is not asleep")]
     NotAsleep,
+    /// Serving the request needs what a CUDA graph capture underway forbids (an address unmapped, a
+    /// device or event synchronize); nothing changed, the capture stays valid.
+    #[error("a CUDA graph capture is underway: {0} would invalidate it")]
+    Capturing(&'static str),
+    /// [`PagePool::export`] of a range that is not wholly under live blocks of one region.
+    #[error("cannot share [{ptr:#x}, +{len:#x}): {reason}")]
+    NotShareable {
+        /// Start of the range.
+        ptr: u64,
+        /// Its length.
+        len: u64,
+        /// Why.
+        reason: &'static str,
+    },
 }
 
 /// Configuration of a [`PagePool`].
@@ -385,6 +422,8 @@ struct Inner {
     stream_fences: Vec<StreamFences>,
     /// A pinned host buffer kept from the last wake for the next offload: (buffer, bytes).
     spare_host: Option<(gen_device::HostHandle, u64)>,
+    /// Devices this pool's pages were opened to ([`PagePool::grant_peer`]).
+    peers: Vec<usize>,
 }
 
 /// The fences recorded on one stream (several streams: see [`PagePool::settle`]). Epochs come from the
@@ -437,6 +476,8 @@ pub struct PagePool {
     /// Whether the pool is asleep ([`PagePool::sleep`]); read without the lock by allocators that must
     /// refuse before handing out memory from pages they already hold.
     asleep: AtomicBool,
+    /// See [`PagePool::set_keep_mappings`].
+    keep_mappings: AtomicBool,
     inner: Mutex<Inner>,
     device: Arc<dyn Device>,
     cfg: PagePoolConfig,
@@ -485,8 +526,10 @@ impl PagePool {
                 stream_fences: Vec::new(),
                 sleep: None,
                 spare_host: None,
+                peers: Vec::new(),
             }),
             asleep: AtomicBool::new(false),
+            keep_mappings: AtomicBool::new(false),
             slack: AtomicU64::new(slack.to_bits()),
         }))
     }
@@ -528,10 +571,38 @@ impl PagePool {
         g.stats.pages_peak = g.stats.pages_held;
     }
 
+    /// Never move a page away from its address from now on (`true`), or again allow it (`false`):
+    /// see the crate docs, "Pages that stay". A CUDA graph's pool keeps its mappings while the graph
+    /// may replay.
+    pub fn set_keep_mappings(&self, keep: bool) {
+        self.keep_mappings.store(keep, Relaxed);
+    }
+
+    /// Whether no page may leave its address now: a capture is underway on the device, or the pool
+    /// keeps its mappings (see the crate docs, "Pages that stay").
+    #[inline]
+    pub fn pages_stay(&self) -> bool {
+        self.keep_mappings.load(Relaxed) || self.capturing()
+    }
+
+    /// Whether a capture is underway on the device (what the device's user told it).
+    #[inline]
+    fn capturing(&self) -> bool {
+        self.device.captures().active()
+    }
+
     /// Give every unused page (free-mapped or cached) back to the driver. Synchronizes the device first
     /// (a free-mapped page may still be in use by work queued before its block was freed). Returns bytes.
+    /// While a capture is underway nothing is given back (0); while the pool keeps its mappings only
+    /// unmapped cached pages are.
     pub fn release_unused(&self) -> Result<u64, VmmError> {
+        if self.capturing() {
+            return Ok(0);
+        }
         let mut g = self.inner.lock();
+        if self.keep_mappings.load(Relaxed) {
+            return self.release_handles(&mut g);
+        }
         if g.free_mapped.is_empty() && g.free_handles.is_empty() && g.zombies.is_empty() {
             return Ok(0);
         }
@@ -540,11 +611,16 @@ impl PagePool {
             self.all_complete(&mut g);
             self.reap_zombies(&mut g, true)?;
         }
-        let mut released = 0u64;
         while let Some((rid, pidx)) = pop_free_mapped(&mut g) {
             let handle = self.unmap_page(&mut g, rid, pidx)?;
             g.free_handles.push(handle);
         }
+        self.release_handles(&mut g)
+    }
+
+    /// Give the cached unmapped pages back to the driver; returns bytes.
+    fn release_handles(&self, g: &mut Inner) -> Result<u64, VmmError> {
+        let mut released = 0u64;
         while let Some(h) = g.free_handles.pop() {
             if let Err(e) = self.device.phys_release(h) {
                 g.free_handles.push(h);
@@ -555,6 +631,77 @@ impl PagePool {
             released += self.page;
         }
         Ok(released)
+    }
+
+    /// A POSIX file descriptor for each page under `[ptr, ptr + len)` (CUDA IPC; see the crate docs,
+    /// "Sharing pages"), first page first, and the address of the first page. The range must lie in one
+    /// region with every page referenced (under live blocks): such a page never moves, so the
+    /// descriptors show the range for as long as its blocks live. The device keeps each descriptor
+    /// open until the page is given back to the driver.
+    pub fn export(&self, ptr: DevicePtr, len: u64) -> Result<(DevicePtr, Vec<i32>), VmmError> {
+        let bad = |reason| VmmError::NotShareable { ptr, len, reason };
+        if len == 0 {
+            return Err(bad("empty range"));
+        }
+        let end = ptr.checked_add(len).ok_or(bad("range overflows"))?;
+        let g = self.inner.lock();
+        if g.sleep.is_some() {
+            return Err(bad("the pool is asleep"));
+        }
+        let r = g
+            .regions
+            .iter()
+            .flatten()
+            .find(|r| ptr >= r.base && end <= r.base + r.pages.len() as u64 * self.page)
+            .ok_or(bad("not inside one region of this pool"))?;
+        let first = (ptr - r.base) / self.page;
+        let last = (end - 1 - r.base) / self.page;
+        let mut fds = Vec::with_capacity((last - first + 1) as usize);
+        for pidx in first..=last {
+            let (hot, page) = (r.hot[pidx as usize], r.pages[pidx as usize]);
+            let h = match page.handle {
+                Some(h) if hot.refs > 0 => h,
+                _ => return Err(bad("a page of the range is not under a live block")),
+            };
+            fds.push(self.device.export_handle(h)?);
+        }
+        Ok((r.base + first * self.page, fds))
+    }
+
+    /// Open every page mapped now, and every page mapped from now on, to device `peer`
+    /// (`cuMemSetAccess`; PyTorch's `enablePeerAccess`). Returns the pages opened now (0 when `peer`
+    /// had access already).
+    pub fn grant_peer(&self, peer: usize) -> Result<u64, VmmError> {
+        // Under the lock: every map happens under it too, so a page is mapped either before the walk
+        // (and opened by it) or after `add_peer` (and opened by the map).
+        let mut g = self.inner.lock();
+        if g.peers.contains(&peer) {
+            return Ok(0);
+        }
+        // The device may know the peer already (another pool on it asked): its maps open to it anyway.
+        self.device.add_peer(peer)?;
+        g.peers.push(peer);
+        let mut opened = 0;
+        for r in g.regions.iter().flatten() {
+            let mapped = |i: usize| r.pages[i].handle.is_some() || r.pages[i].zombie.is_some();
+            let mut i = 0;
+            while i < r.pages.len() {
+                if !mapped(i) {
+                    i += 1;
+                    continue;
+                }
+                let mut j = i + 1;
+                while j < r.pages.len() && mapped(j) {
+                    j += 1;
+                }
+                let va = r.base + i as u64 * self.page;
+                self.device
+                    .set_peer_access(va, (j - i) as u64 * self.page, peer)?;
+                opened += (j - i) as u64;
+                i = j;
+            }
+        }
+        Ok(opened)
     }
 
     /// The page headroom in force (see [`PagePoolConfig::slack`]).
@@ -588,6 +735,11 @@ impl PagePool {
     pub fn order_after(&self, stream: StreamId, after: StreamId) -> Result<(), VmmError> {
         if stream == after {
             return Ok(());
+        }
+        if self.capturing() {
+            return Err(VmmError::Capturing(
+                "ordering a stream after another's queued work",
+            ));
         }
         let mut g = self.inner.lock();
         let now = g.epoch;
@@ -1093,7 +1245,8 @@ impl PagePool {
         // driver call. Doing these first keeps pass 2 from stealing a page this very range will revive.
         let unbacked = take_backed(&mut g, rid, first, last);
         // Pass 2: back the rest. First learn which fences completed and drop the old mappings they free.
-        if !unbacked.is_empty() && (!g.fences.is_empty() || !g.zombies.is_empty()) {
+        let stay = self.pages_stay();
+        if !unbacked.is_empty() && !stay && (!g.fences.is_empty() || !g.zombies.is_empty()) {
             self.poll_fences(&mut g);
             if let Err(e) = self.reap_zombies(&mut g, false) {
                 log::error!("gen-vmm: unmapping old mappings: {e}");
@@ -1105,7 +1258,10 @@ impl PagePool {
         if let Some(t0) = t0.filter(|_| g.stats.steals != steals_before) {
             g.stats.move_ns += t0.elapsed().as_nanos() as u64;
         }
-        if std::mem::take(&mut g.unfenced) && !self.record_fence(&mut g) {
+        if self.capturing() {
+            // A fence on the capturing stream would join the graph: the first commit after the
+            // capture records it (the old mappings stay warm until then).
+        } else if std::mem::take(&mut g.unfenced) && !self.record_fence(&mut g) {
             // No fence: the zombies wait for the next synchronize (release, region drop, or a commit that
             // needs one of their addresses).
             log::debug!("gen-vmm: no fence for the old mappings of this commit");
@@ -1162,7 +1318,11 @@ impl PagePool {
                 }
             }
         }
+        let capturing = self.capturing();
         if unknown {
+            if capturing {
+                return Err(VmmError::Capturing("a synchronize before reusing a page"));
+            }
             let mut synced = false;
             self.sync_all(g, &mut synced)?;
             return Ok(());
@@ -1175,6 +1335,12 @@ impl PagePool {
             g.commit_ordered = true;
             if s == target {
                 continue;
+            }
+            if capturing {
+                // The wait (and a fence on `s`) would join the graph.
+                return Err(VmmError::Capturing(
+                    "ordering a stream after another's queued work",
+                ));
             }
             let (ev, _) = self.fence_on(g, s, e)?;
             self.device.stream_wait_event(target, ev)?;
@@ -1303,6 +1469,11 @@ impl PagePool {
         if let Some(h) = self.take_back(g, rid, pidx, synced)? {
             return Ok(Taken::Mapped(h));
         }
+        let stay = self.pages_stay();
+        if stay && zombie_epoch(&g.regions, rid, pidx).is_some() {
+            // Its page is in use elsewhere: the old mapping would have to be unmapped first.
+            return Err(VmmError::Capturing("unmapping an old mapping"));
+        }
         self.clear_zombie(g, rid, pidx, synced)?;
         // Within the headroom (and the limit), a new page is cheaper than moving one.
         let headroom = (g.stats.pages_in_use_peak as f64 * (1.0 + self.slack())).ceil() as u64;
@@ -1313,6 +1484,12 @@ impl PagePool {
         let create_first = grow && g.stats.pages_held < headroom && under_limit;
         Ok(Taken::Unmapped(if let Some(h) = g.free_handles.pop() {
             h
+        } else if stay {
+            // No page leaves its address now (a capture, or a graph's pool): a new one.
+            if !grow {
+                return Err(VmmError::WouldGrow { pages: 1 });
+            }
+            self.create(g, false, rid, pidx, synced)?
         } else if !create_first {
             match self.steal(g, rid, pidx, synced)? {
                 Some(h) => h,
@@ -1351,6 +1528,16 @@ impl PagePool {
                 return Ok(None);
             }
             debug_assert!(hot.backed());
+            if self.keep_mappings.load(Relaxed) {
+                // Its address there would keep an old mapping, retired (unmapped) later: never in a
+                // pool that keeps its mappings.
+                return Ok(None);
+            }
+            if self.capturing() && hot.warm(g.done_epoch) && g.fence_stream.is_none() {
+                // Several streams: a warm page moves after the committing stream waits on its last
+                // users' fence (or a synchronize), which the capture forbids.
+                return Ok(None);
+            }
             let target = g.committing_for;
             let how = self.settle(g, orid, opidx, synced, target)?;
             g.free_mapped.remove(&(opidx, orid));
@@ -1570,7 +1757,7 @@ impl PagePool {
                     }
                     continue;
                 }
-                if !self.cfg.eager_unmap {
+                if !self.cfg.eager_unmap || self.pages_stay() {
                     g.free_mapped.insert((pidx as u32, rid));
                 } else {
                     // Unmapping needs the page's earlier users to be done.

@@ -51,6 +51,16 @@ pub enum TierError {
     /// Host memory for the tier's bookkeeping could not be had.
     #[error("host memory: {0}")]
     Host(String),
+    /// An allocation at a chosen address (`alloc_at`) that the tier cannot place there.
+    #[error("cannot place {size:#x} bytes at {ptr:#x}: {reason}")]
+    Unplaceable {
+        /// The address asked for.
+        ptr: u64,
+        /// The size asked for (rounded).
+        size: u64,
+        /// Why not: the range is taken, or not the tier's.
+        reason: &'static str,
+    },
 }
 
 impl From<VmmError> for TierError {

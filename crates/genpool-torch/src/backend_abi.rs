@@ -32,14 +32,16 @@ pub const GENPOOL_E_FREE: c_int = 3;
 pub const GENPOOL_E_INTERNAL: c_int = 4;
 /// The allocation's tag (or the device's default pool) is asleep (`genpool_sleep`).
 pub const GENPOOL_E_ASLEEP: c_int = 5;
+/// A CUDA graph capture is underway and the call would need what it forbids (nothing changed).
+pub const GENPOOL_E_CAPTURING: c_int = 6;
 
 #[allow(clippy::declare_interior_mutable_const)]
 const COUNTERS_INIT: DeviceCounters = DeviceCounters::new();
-static COUNTERS: [DeviceCounters; MAX_DEVICES] = [COUNTERS_INIT; MAX_DEVICES];
+pub(crate) static COUNTERS: [DeviceCounters; MAX_DEVICES] = [COUNTERS_INIT; MAX_DEVICES];
 /// `torch.cuda.caching_allocator_enable(False)`: give cached memory back after every free.
 static NOT_CACHING: AtomicBool = AtomicBool::new(false);
 
-fn code(e: &PluginError) -> c_int {
+pub(crate) fn code(e: &PluginError) -> c_int {
     match e {
         PluginError::Engine(g) if g.is_oom() => GENPOOL_E_OOM,
         PluginError::Engine(GenpoolError::InvalidSize { size: 0, .. }) => GENPOOL_E_INVALID,
@@ -47,12 +49,16 @@ fn code(e: &PluginError) -> c_int {
         PluginError::OverFraction { .. } => GENPOOL_E_OOM,
         PluginError::Engine(GenpoolError::InvalidFree { .. }) => GENPOOL_E_FREE,
         PluginError::Engine(GenpoolError::Asleep) => GENPOOL_E_ASLEEP,
-        PluginError::InvalidDevice { .. } | PluginError::UnknownPool { .. } => GENPOOL_E_INVALID,
+        PluginError::Engine(GenpoolError::Capturing(_)) => GENPOOL_E_CAPTURING,
+        PluginError::InvalidDevice { .. }
+        | PluginError::UnknownPool { .. }
+        | PluginError::NotShareable { .. }
+        | PluginError::Engine(GenpoolError::Unplaceable { .. }) => GENPOOL_E_INVALID,
         _ => GENPOOL_E_INTERNAL,
     }
 }
 
-fn status(r: Result<(), PluginError>) -> c_int {
+pub(crate) fn status(r: Result<(), PluginError>) -> c_int {
     match r {
         Ok(()) => GENPOOL_OK,
         Err(e) => {
@@ -169,7 +175,7 @@ pub struct GenpoolFreed {
     pub pool: u64,
 }
 
-fn free(ptr: u64) -> Result<(usize, LiveBlock, u64), PluginError> {
+pub(crate) fn free(ptr: u64) -> Result<(usize, LiveBlock, u64), PluginError> {
     // Whichever device and engine hold it; uses recorded by `genpool_record_stream` are waited for
     // first (on failure the block stays allocated, leaked: reusing it could race a kernel on them).
     let (f, b) = ROUTER.free_owned(ptr)?;
@@ -593,7 +599,7 @@ pub extern "C" fn genpool_pool_trim(device: c_int, pool: u64) -> u64 {
     guard("genpool_pool_trim", 0, || {
         match pools::resolve(device.into(), pool) {
             Ok((s, None)) => s.pool.trim(),
-            Ok((_, Some(p))) => p.pool().trim(),
+            Ok((_, Some(p))) => pools::trim(&p),
             Err(e) => {
                 fail(&e);
                 0

@@ -81,6 +81,34 @@ pub enum PluginError {
         /// Why.
         source: SleepError,
     },
+    /// A block that cannot be sent to another process (CUDA IPC): not a live block of genpool's, or its
+    /// pages cannot be exported.
+    #[error("cannot share {ptr:#x} with another process: {reason}")]
+    NotShareable {
+        /// The pointer given.
+        ptr: u64,
+        /// Why.
+        reason: String,
+    },
+    /// Opening another process's memory (CUDA IPC) failed: taking its descriptors, importing or mapping
+    /// them.
+    #[error("CUDA IPC: {what}: {source}")]
+    Ipc {
+        /// The step that failed.
+        what: &'static str,
+        /// The device or OS error.
+        source: DeviceError,
+    },
+    /// Opening a device's memory to a peer device failed.
+    #[error("giving device {peer} access to device {device}'s memory: {why}")]
+    PeerAccess {
+        /// The device whose memory is opened.
+        device: usize,
+        /// The peer.
+        peer: usize,
+        /// Why.
+        why: String,
+    },
     /// A Rust panic was caught at the C boundary (a bug; the call failed safely).
     #[error("internal panic in {call}: {message}")]
     Panic {

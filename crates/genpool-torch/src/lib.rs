@@ -22,6 +22,8 @@
 mod abi;
 mod backend_abi;
 mod error;
+mod graphs;
+mod ipc;
 mod pools;
 mod registry;
 mod report;
@@ -36,6 +38,13 @@ pub use abi::{
 };
 pub use backend_abi::*;
 pub use error::PluginError;
+pub use graphs::{
+    genpool_capture_begin, genpool_capture_end, genpool_pool_live, genpool_pool_restore,
+};
+pub use ipc::{
+    genpool_enable_peer_access, genpool_ipc_close, genpool_ipc_export, genpool_ipc_open,
+    genpool_ipc_open_count,
+};
 pub use registry::MAX_DEVICES;
 pub use sleep_abi::{
     genpool_sleep, genpool_tag_set, genpool_tags_json, genpool_wake, GENPOOL_ERR_ASLEEP,
@@ -45,5 +54,7 @@ pub use sleep_abi::{
 };
 pub use stats::GenpoolStat;
 
+#[cfg(test)]
+mod graph_tests;
 #[cfg(test)]
 mod tests;

@@ -20,6 +20,8 @@
 //! | 10 | `record_stream_falls_back_to_synchronize` |
 //! | 11 | `reset_and_trim_release_cached_memory` |
 //! | 12, 13 | `sleep_abi::tests` (tags, sleep, wake) |
+//! | 20-29 | `backend_tests` |
+//! | 30-39 | `graph_tests` (captures, checkpoints, IPC, peers) |
 //! | 63 | `untouched_device_reports_uninitialised` (never allocated on) |
 
 use std::ffi::{c_int, c_void, CStr};

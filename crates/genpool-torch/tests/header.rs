@@ -16,8 +16,15 @@ fn header_path() -> PathBuf {
     crate_dir().join("include/genpool.h")
 }
 
-/// The sources that export C functions: `src/abi.rs` and `src/sleep_abi.rs` (tags, sleep, wake).
-const ABI_SOURCES: [&str; 3] = ["src/abi.rs", "src/backend_abi.rs", "src/sleep_abi.rs"];
+/// The sources that export C functions: the pluggable hooks, the backend's, tags (sleep, wake), CUDA
+/// graphs (captures, checkpoints), CUDA IPC and peers.
+const ABI_SOURCES: [&str; 5] = [
+    "src/abi.rs",
+    "src/backend_abi.rs",
+    "src/sleep_abi.rs",
+    "src/graphs.rs",
+    "src/ipc.rs",
+];
 
 fn exported_in_source() -> BTreeSet<String> {
     let src: String = ABI_SOURCES

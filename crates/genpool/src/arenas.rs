@@ -207,6 +207,19 @@ impl Extents {
             .map(|(a, _)| a)
     }
 
+    /// Allocate `size` bytes at exactly `ptr` in the arena whose range holds it (see
+    /// [`ExtentArena::alloc_at`]).
+    pub fn alloc_at(&self, ptr: u64, size: u64) -> Result<u64, TierError> {
+        match self.all().find(|a| a.owns(ptr)) {
+            Some(a) => a.alloc_at(ptr, size),
+            None => Err(TierError::Unplaceable {
+                ptr,
+                size,
+                reason: "not in any extent arena of this pool",
+            }),
+        }
+    }
+
     /// The largest free extent of any arena.
     pub fn largest_free_extent(&self) -> u64 {
         self.all()

@@ -31,6 +31,10 @@ pub enum Routing {
     /// Everything but slab-sized blocks to the extent arena, no classifier influence (a baseline that
     /// shows what the lifetime split buys).
     Single,
+    /// Every block to the extent arena, whatever its size: the routing of PyTorch's private pools (CUDA
+    /// graphs, MemPools), where [`Pool::alloc_at`](crate::Pool::alloc_at) must be able to place any block
+    /// again at its address (restoring a graph tree's checkpoint).
+    Extent,
 }
 
 fn experimental_hint(key: &str) -> String {
@@ -111,7 +115,7 @@ pub const KEYS: &[Key] = &[
     key("eager_unmap", "true/false", "false", "Unmap pages as soon as they are unused (debugging use-after-free; slower)."),
     key("experimental.mid_tier", "stream or extent", "extent", "Where mid-lived blocks go: the extent arena, or the driver's stream-ordered pool."),
     key("experimental.long_tier", "buddy or extent", "extent", "Where long-lived blocks go: the extent arena, or the exact-fit buddy."),
-    key("experimental.routing", "generational or single", "generational", "single: everything but slab-sized blocks to the extent arena, no lifetime split (a baseline)."),
+    key("experimental.routing", "generational, single or extent", "generational", "single: everything but slab-sized blocks to the extent arena, no lifetime split (a baseline); extent: every block to the extent arena (PyTorch's private pools)."),
     key("experimental.cache_max_bytes", "bytes", "0", "Exact-size stream-ordered front caches for extent and buddy blocks, up to this many bytes; 0 = none (one stream frees straight back)."),
     key("experimental.pool_release_threshold", "bytes or max", "max", "Release threshold of the driver pool (`experimental.mid_tier:stream`)."),
     key("experimental.short_horizon", "allocations", "64", "Classifier: allocations after which a live block is no longer short-lived."),
@@ -359,7 +363,8 @@ impl Config {
                 self.routing = match value {
                     "generational" => Routing::Generational,
                     "single" => Routing::Single,
-                    _ => return Err(bad("expected 'generational' or 'single'".into())),
+                    "extent" => Routing::Extent,
+                    _ => return Err(bad("expected 'generational', 'single' or 'extent'".into())),
                 }
             }
             "limit" => {

@@ -975,6 +975,11 @@ impl<O: Opener> Pools<O> {
                 slot.stream_waits.fetch_add(1, Relaxed);
                 Ok(false)
             }
+            Err(e) if dev.captures().active() => {
+                // The synchronize fallback would invalidate the capture.
+                log::error!("genpool: event ordering for {ptr:#x} failed during a capture: {e}");
+                Err(GenpoolError::StreamOrder { ptr, source: e })
+            }
             Err(e) => {
                 log::warn!(
                     "genpool: event ordering for {ptr:#x} failed ({e}); synchronizing the device"
@@ -1142,6 +1147,11 @@ impl<O: Opener> Pools<O> {
     }
 
     fn drop_if_done(&self, device: usize, e: &Engine) {
+        if e.pool.device().captures().active() {
+            // Dropping unmaps and synchronizes, which a capture forbids: after it
+            // (`Pools::sweep_released`).
+            return;
+        }
         if e.is_released() && e.pool.live_blocks() == 0 {
             let mut table = self.slots[device].engines.write();
             // Checked again under the write lock: no allocation can reach a released engine, and a free

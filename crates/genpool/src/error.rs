@@ -122,6 +122,20 @@ pub enum GenpoolError {
     /// memory is given back until [`Pool::wake`](crate::Pool::wake).
     #[error("the pool is asleep: allocations are refused until it is woken")]
     Asleep,
+    /// Serving the call needs what a CUDA graph capture underway forbids (a device or event
+    /// synchronize, an unmap); nothing changed and the capture stays valid.
+    #[error("a CUDA graph capture is underway: {0} would invalidate it")]
+    Capturing(&'static str),
+    /// [`Pool::alloc_at`](crate::Pool::alloc_at) cannot place the block where asked.
+    #[error("cannot allocate {size} B at {ptr:#x}: {reason}")]
+    Unplaceable {
+        /// The address asked for.
+        ptr: u64,
+        /// The size asked for.
+        size: u64,
+        /// Why not.
+        reason: &'static str,
+    },
 }
 
 impl GenpoolError {

@@ -20,6 +20,8 @@ use crate::stats::{PlanSummary, PoolStats, TierStats};
 pub use crate::tier::Tier;
 use crate::tier::{tier_err, Request, TierAlloc};
 
+mod place;
+
 /// Every block is aligned to (and sized in multiples of) this many bytes, as PyTorch's allocator does.
 pub const ALIGN: u64 = 512;
 
@@ -359,19 +361,30 @@ impl Pool {
         {
             self.pages.set_fence_stream(None);
             self.slab.set_one_stream(false);
-            match self.device.synchronize() {
-                Ok(()) => self.pages.synchronized(),
-                Err(e) => log::error!("genpool: synchronize on a second stream's first use: {e}"),
+            if self.device.captures().active() {
+                // A capture forbids the synchronize. Pages freed so far stay warm (they move only after
+                // a synchronize, after the capture); with stream arenas (the default) the second stream
+                // allocates from an arena of its own and the slab keeps per-stream lists, so no block
+                // freed on the first stream reaches it before its work is done.
+                log::debug!("genpool: second stream first seen during a capture; no synchronize");
+            } else {
+                match self.device.synchronize() {
+                    Ok(()) => self.pages.synchronized(),
+                    Err(e) => {
+                        log::error!("genpool: synchronize on a second stream's first use: {e}")
+                    }
+                }
             }
             // Plans serve one stream: stop handing out planned slots (the range goes once drained).
             self.drop_plan();
         }
     }
 
-    /// Tell the classifier a block it stamped is gone (nothing when routing is off: no stamp was made).
+    /// Tell the classifier a block it stamped is gone (nothing when lifetime routing is off: no stamp
+    /// was made).
     #[inline]
     fn learn(&self, stamp: &Stamp, size: u64) {
-        if self.hot.routing != Routing::Single {
+        if self.hot.routing == Routing::Generational {
             self.classifier.on_free(stamp, size);
         }
     }
@@ -385,6 +398,7 @@ impl Pool {
     fn route(&self, size: u64, class: Lifetime) -> Tier {
         let small = size <= self.hot.slab_max;
         match (self.hot.routing, class) {
+            (Routing::Extent, _) => Tier::Extent,
             (Routing::Single, _) | (Routing::Generational, Lifetime::Short) => {
                 if small {
                     Tier::Slab
@@ -439,9 +453,9 @@ impl Pool {
             site: if self.hot.use_site { hint.site } else { None },
             hint: hint.lifetime,
         };
-        // Lifetime routing off (`experimental.routing:single`): no prediction is made or learned — the
-        // baseline that shows what the classifier buys.
-        let stamp = if self.hot.routing == Routing::Single {
+        // Lifetime routing off (`experimental.routing:single`, and `extent` of private pools): no
+        // prediction is made or learned — the baseline that shows what the classifier buys.
+        let stamp = if self.hot.routing != Routing::Generational {
             Stamp::NONE
         } else {
             self.classifier.on_alloc(&features)
@@ -668,8 +682,12 @@ impl Pool {
     }
 
     /// Give back everything cached: blocks to their tiers (streams synchronized as needed), empty slab
-    /// chunks, the driver pool's spare memory, empty regions, and unused pages to the driver.
+    /// chunks, the driver pool's spare memory, empty regions, and unused pages to the driver. Nothing
+    /// while a capture is underway: every step may synchronize.
     fn relieve(&self, hard: bool) {
+        if self.device.captures().active() {
+            return;
+        }
         self.drain_caches(u64::MAX);
         if hard {
             self.slab.trim();
@@ -924,7 +942,7 @@ impl Pool {
 
     /// Score the blocks still live as the classifier would at the end of a run (for accuracy reports).
     pub fn finish_classifier(&self) {
-        if self.hot.routing == Routing::Single {
+        if self.hot.routing != Routing::Generational {
             return; // Nothing was stamped.
         }
         let live = self.meta.snapshot();

@@ -120,7 +120,7 @@ impl Pool {
     /// may have been trimmed — but for a device failure while unmapping, after which it is asleep with
     /// the pages that failed still mapped (a wake handles both).
     pub fn sleep(&self, opts: SleepOptions) -> Result<SleepReport, SleepError> {
-        if opts.capturing || self.legacy_stream_capturing() {
+        if opts.capturing || self.device().captures().active() || self.legacy_stream_capturing() {
             return Err(SleepError::Capturing);
         }
         let pages = self.page_pool();
@@ -149,7 +149,7 @@ impl Pool {
     /// Map the pages of every live block again at the same addresses and restore the offloaded bytes.
     /// `capturing`: a CUDA graph capture is in progress (refused). Out of memory leaves the pool asleep.
     pub fn wake(&self, capturing: bool) -> Result<WakeReport, SleepError> {
-        if capturing || self.legacy_stream_capturing() {
+        if capturing || self.device().captures().active() || self.legacy_stream_capturing() {
             return Err(SleepError::Capturing);
         }
         let pages = self.page_pool();

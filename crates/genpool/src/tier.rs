@@ -73,6 +73,10 @@ impl From<TierError> for GenpoolError {
             TierError::Vmm(gen_vmm::VmmError::Device(d)) | TierError::Device(d) => {
                 GenpoolError::Device(d)
             }
+            TierError::Vmm(gen_vmm::VmmError::Capturing(what)) => GenpoolError::Capturing(what),
+            TierError::Unplaceable { ptr, size, reason } => {
+                GenpoolError::Unplaceable { ptr, size, reason }
+            }
             other => tier_err(other),
         }
     }

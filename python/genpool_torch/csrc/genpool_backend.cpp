@@ -9,7 +9,8 @@
 //   DeviceStats wants; the hot path here is one C call each way, no lock, no map.
 // - This file owns what only PyTorch has words for: DataPtrs and their deleter, memory history
 //   (stack contexts, the trace ring), OOM observers, trace trackers, the profiler's memory events, and
-//   the mapping of PyTorch's MempoolId_t (CUDA graphs, torch.cuda.MemPool) to genpool's private pools.
+//   the mapping of PyTorch's MempoolId_t (CUDA graphs, torch.cuda.MemPool) to genpool's private pools,
+//   the captures the engine is told of, graph trees' checkpoints, and CUDA IPC's byte strings.
 //
 // Errors: methods PyTorch calls throw c10::Error as PyTorch's own allocator does (an OutOfMemoryError on
 // out-of-memory); the deleter never throws (a refused free is logged by the engine and ignored). Every
@@ -25,9 +26,12 @@
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 #include <torch/headeronly/version.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -94,11 +98,60 @@ struct PrivatePool {
   std::shared_ptr<cca::CUDAAllocator> custom;  // a MemPool made with another allocator
 };
 
+// A block of a MemPool made with another allocator (NCCL's ncclMemAlloc, say): served by that allocator,
+// shown in snapshots as a segment of its own (ProcessGroupNCCL's register_mem_pool registers them).
+struct CustomBlock {
+  std::shared_ptr<cca::CUDAAllocator> allocator;
+  c10::DeviceIndex device = 0;
+  size_t size = 0;
+  cudaStream_t stream = nullptr;
+  c10::MempoolId_t pool{0, 0};
+};
+
 // An active beginAllocateToPool: allocations whose stream passes `filter` go to `id`.
 struct PoolContext {
   c10::MempoolId_t id;
   std::function<bool(cudaStream_t)> filter;
 };
+
+// A private pool's state for CUDA graph trees (getCheckpointState): its live blocks.
+struct GenpoolPoolState final : cca::AllocatorState {
+  c10::DeviceIndex device = 0;
+  c10::MempoolId_t id{0, 0};
+  std::vector<GenpoolBlock> blocks;
+};
+
+// CUDA IPC byte strings (shareIpcHandle / getIpcDevPtr). PyTorch's own layout for pages shared by file
+// descriptor (expandable segments, torch 2.11-2.12): a version byte, a type byte, then this header and
+// one int descriptor per page. A process running PyTorch's allocator opens genpool's handles, and genpool
+// opens the ones of PyTorch's expandable segments and of cudaMalloc ('c'). torch 2.13 changed the
+// expandable-segment layout: genpool then tags its handles 'g' (only a genpool receiver opens them).
+constexpr char kIpcVersion = 2;
+constexpr char kIpcCudaMalloc = 'c';
+constexpr char kIpcExpandable = 'e';
+constexpr char kIpcGenpool = 'g';
+constexpr size_t kCudaIpcHandleSize = 64;  // sizeof(cudaIpcMemHandle_t): a bare one predates versions
+struct IpcHeader {
+  pid_t pid;
+  size_t page_size;
+  size_t num_pages;
+};
+#if GENPOOL_TORCH_AT_LEAST(2, 13)
+constexpr char kIpcOwnType = kIpcGenpool;
+#else
+constexpr char kIpcOwnType = kIpcExpandable;
+#endif
+
+// The debug switch of the compatibility suite's unsafe variant: graph captures allocate from the device
+// pool, so blocks a graph frees during capture are handed to later allocations (corruption the suite
+// must see). Never for real use.
+bool unsafe_graph_pools() {
+  static const bool on = [] {
+    const char* v = std::getenv("GENPOOL_DEBUG_UNSAFE_GRAPH_POOLS");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+}
 
 class GenpoolAllocator;
 std::shared_ptr<GenpoolAllocator>& the_allocator();
@@ -115,9 +168,10 @@ class GenpoolAllocator final : public cca::CUDAAllocator {
     uint64_t pool = 0;
     if (n_contexts_[device].load(std::memory_order_acquire) != 0) {
       std::shared_ptr<cca::CUDAAllocator> custom;
-      pool = route(device, stream, &custom);
+      c10::MempoolId_t custom_id{0, 0};
+      pool = route(device, stream, &custom, &custom_id);
       if (custom) {
-        return custom_alloc(custom, device, size, stream);
+        return custom_alloc(custom, device, size, stream, custom_id);
       }
     }
     void* ptr = nullptr;
@@ -394,6 +448,9 @@ class GenpoolAllocator final : public cca::CUDAAllocator {
       }
       append_segments(d, only[d], owner, out.segments);
     }
+    if (n_custom_.load(std::memory_order_acquire) != 0) {
+      append_custom_segments(all, mempool_id, out.segments);
+    }
     std::lock_guard<std::mutex> lock(history_mu_);
     if (include_traces) {
       for (int d = 0; d < devices; ++d) {
@@ -451,6 +508,8 @@ class GenpoolAllocator final : public cca::CUDAAllocator {
       std::function<bool(cudaStream_t)> filter) override {
     check_device(device);
     std::lock_guard<std::mutex> lock(pools_mu_);
+    // A capture that ended without its endAllocateToPool (an exception in capture_end) ends here.
+    sweep_captures_locked();
     auto& p = pools_[device][mempool_id];
     if (p.use_count == 0) {
       // A graph's pool seen first here (MemPools come through createOrIncrefPool).
@@ -460,6 +519,14 @@ class GenpoolAllocator final : public cca::CUDAAllocator {
     }
     contexts_by_device_[device].push_back(PoolContext{mempool_id, std::move(filter)});
     n_contexts_[device].store(contexts_by_device_[device].size(), std::memory_order_release);
+    if (unsafe_graph_pools()) {
+      TORCH_WARN_ONCE(
+          "genpool: GENPOOL_DEBUG_UNSAFE_GRAPH_POOLS=1: CUDA graphs allocate from the device pool and "
+          "their freed blocks are handed to later allocations (a test of the compatibility suite only)");
+    }
+    // PyTorch calls this just before cudaStreamBeginCapture; a capture begun earlier is seen here, the
+    // others at their first allocation (route).
+    note_capture_locked(device, c10::cuda::getCurrentCUDAStream(device).stream());
   }
 
   void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
@@ -473,6 +540,8 @@ class GenpoolAllocator final : public cca::CUDAAllocator {
       v.erase(it);
     }
     n_contexts_[device].store(v.size(), std::memory_order_release);
+    // Called after cudaStreamEndCapture: tell the engine of the captures that ended.
+    sweep_captures_locked();
   }
 
   void releasePool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
@@ -558,48 +627,219 @@ class GenpoolAllocator final : public cca::CUDAAllocator {
     return live == expected_live_allocations.size();
   }
 
-  std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex, c10::MempoolId_t) override {
-    TORCH_CHECK(
-        false,
-        "genpool: checkpointing a private pool's state (CUDA graph trees' getCheckpointState, used by "
-        "torch.compile(mode=\"reduce-overhead\") when it re-records a graph) is not supported yet; "
-        "torch.cuda.graph capture and replay work");
+  // CUDA graph trees (torch.compile(mode="reduce-overhead")): a private pool's live blocks now, and the
+  // pool put back to them later at the same addresses (crates/genpool-torch/src/graphs.rs).
+  std::shared_ptr<cca::AllocatorState> getCheckpointState(
+      c10::DeviceIndex device,
+      c10::MempoolId_t id) override {
+    check_device(device);
+    auto st = std::make_shared<GenpoolPoolState>();
+    st->device = device;
+    st->id = id;
+    const uint64_t gid = genpool_pool_of(device, id, "getCheckpointState");
+    size_t n = 0;
+    for (int attempt = 0; attempt < 8; ++attempt) {
+      int rc = genpool_pool_live(device, gid, st->blocks.data(), st->blocks.size(), &n);
+      if (rc == GENPOOL_OK) {
+        st->blocks.resize(n);
+        return st;
+      }
+      TORCH_CHECK(
+          rc == GENPOOL_E_INVALID && n > st->blocks.size(),
+          "genpool: checkpointing a private pool: ",
+          last_error());
+      st->blocks.resize(n + n / 4 + 8);
+    }
+    TORCH_CHECK(false, "genpool: checkpointing a private pool: it kept changing");
   }
 
   cca::CheckpointDelta setCheckpointPoolState(
-      c10::DeviceIndex,
-      std::shared_ptr<cca::AllocatorState>) override {
+      c10::DeviceIndex device,
+      std::shared_ptr<cca::AllocatorState> as) override {
+    check_device(device);
+    auto st = std::dynamic_pointer_cast<GenpoolPoolState>(as);
+    TORCH_CHECK(st != nullptr, "genpool: setCheckpointPoolState: not a state genpool's getCheckpointState made");
     TORCH_CHECK(
-        false,
-        "genpool: restoring a private pool's state (CUDA graph trees' setCheckpointPoolState) is not "
-        "supported yet; torch.cuda.graph capture and replay work");
+        st->device == device,
+        "genpool: setCheckpointPoolState: a checkpoint of device ",
+        static_cast<int>(st->device),
+        " applied to device ",
+        static_cast<int>(device));
+    const uint64_t gid = genpool_pool_of(device, st->id, "setCheckpointPoolState");
+    std::vector<uint64_t> freed(64);
+    size_t n = 0;
+    int rc = GENPOOL_E_INTERNAL;
+    for (int attempt = 0; attempt < 8; ++attempt) {
+      rc = genpool_pool_restore(
+          device, gid, st->blocks.data(), st->blocks.size(), freed.data(), freed.size(), &n);
+      if (rc == GENPOOL_E_INVALID && n > freed.size()) {
+        freed.resize(n + n / 4 + 8);
+        continue;
+      }
+      break;
+    }
+    TORCH_CHECK(rc == GENPOOL_OK, "genpool: restoring a private pool to a checkpoint: ", last_error());
+    freed.resize(n);
+    cca::CheckpointDelta delta;
+    {
+      std::lock_guard<std::mutex> lock(history_mu_);
+      for (uint64_t p : freed) {
+        contexts_.erase(reinterpret_cast<void*>(p));
+      }
+    }
+    for (uint64_t p : freed) {
+      delta.ptrs_freed.push_back(reinterpret_cast<void*>(p));
+    }
+    for (const auto& b : st->blocks) {
+      void* p = reinterpret_cast<void*>(b.address);
+      delta.dataptrs_allocd.emplace_back(p, p, &raw_delete_fn, c10::Device(c10::DeviceType::CUDA, device));
+    }
+    return delta;
   }
 
   // ----- IPC and peers --------------------------------------------------------------------------
 
-  cca::ShareableHandle shareIpcHandle(void*) override {
-    TORCH_CHECK(
-        false,
-        "genpool: sending a CUDA tensor to another process (CUDA IPC) is not supported yet: genpool's "
-        "memory is 2 MiB VMM pages, which cudaIpcGetMemHandle cannot export. Send a CPU copy instead "
-        "(tensor.cpu().share_memory_()), or allocate the tensor with PyTorch's native allocator in a "
-        "process that does not install genpool");
-  }
-
-  std::shared_ptr<void> getIpcDevPtr(std::string) override {
-    TORCH_CHECK(
-        false,
-        "genpool: opening a CUDA IPC handle from another process is not supported by genpool yet");
-  }
-
-  void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override {
-    c10::cuda::CUDAGuard guard(dev);
-    cudaError_t err = cudaDeviceEnablePeerAccess(dev_to_access, 0);
-    if (err == cudaErrorPeerAccessAlreadyEnabled) {
-      (void)cudaGetLastError();  // clear it: access is what was asked for
-    } else {
-      C10_CUDA_CHECK(err);
+  // The pages under the block at `ptr`, each as a POSIX file descriptor the other process takes with
+  // pidfd_getfd (crates/genpool-torch/src/ipc.rs), in PyTorch's byte layout.
+  cca::ShareableHandle shareIpcHandle(void* ptr) override {
+    if (n_custom_.load(std::memory_order_acquire) != 0) {
+      std::shared_ptr<cca::CUDAAllocator> a;
+      {
+        std::lock_guard<std::mutex> lock(pools_mu_);
+        auto it = custom_blocks_.find(ptr);
+        if (it != custom_blocks_.end()) {
+          a = it->second.allocator;
+        }
+      }
+      if (a) {
+        return a->shareIpcHandle(ptr);  // a MemPool made with another allocator
+      }
     }
+    std::vector<int> fds(8);
+    size_t n = 0;
+    uint64_t first = 0;
+    uint64_t page = 0;
+    uint64_t size = 0;
+    int rc = genpool_ipc_export(ptr, fds.data(), fds.size(), &n, &first, &page, &size);
+    if (rc == GENPOOL_E_INVALID && n > fds.size()) {
+      fds.resize(n);
+      rc = genpool_ipc_export(ptr, fds.data(), fds.size(), &n, &first, &page, &size);
+    }
+    TORCH_CHECK(
+        rc == GENPOOL_OK,
+        "genpool: sending a CUDA tensor to another process (CUDA IPC): ",
+        last_error());
+    fds.resize(n);
+    IpcHeader header{};  // zeroed padding: equal tensors give equal strings (the receiver caches by them)
+    header.pid = getpid();
+    header.page_size = page;
+    header.num_pages = n;
+    std::string out;
+    out.reserve(2 + sizeof(header) + n * sizeof(int));
+    out.push_back(kIpcVersion);
+    out.push_back(kIpcOwnType);
+    out.append(reinterpret_cast<const char*>(&header), sizeof(header));
+    out.append(reinterpret_cast<const char*>(fds.data()), n * sizeof(int));
+    return cca::ShareableHandle{
+        static_cast<ptrdiff_t>(reinterpret_cast<uint64_t>(ptr) - first), std::move(out)};
+  }
+
+  // Another process's memory, from a handle genpool, PyTorch's expandable segments or cudaMalloc wrote;
+  // one mapping per handle while any tensor uses it.
+  std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
+    std::lock_guard<std::mutex> lock(ipc_mu_);
+    for (auto it = ipc_cache_.begin(); it != ipc_cache_.end();) {
+      it = it->second.expired() ? ipc_cache_.erase(it) : std::next(it);
+    }
+    auto cached = ipc_cache_.find(handle);
+    if (cached != ipc_cache_.end()) {
+      if (auto p = cached->second.lock()) {
+        return p;
+      }
+    }
+    c10::DeviceIndex device = 0;
+    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    char type = kIpcCudaMalloc;
+    size_t at = 0;
+    if (handle.size() != kCudaIpcHandleSize) {
+      TORCH_CHECK(handle.size() >= 2, "genpool: an empty CUDA IPC handle");
+      TORCH_CHECK(
+          handle[0] <= kIpcVersion,
+          "genpool: a CUDA IPC handle from a newer torch (version ",
+          static_cast<int>(handle[0]),
+          ")");
+      type = handle[1];
+      at = 2;
+    }
+    std::shared_ptr<void> out;
+    if (type == kIpcCudaMalloc) {
+      TORCH_CHECK(handle.size() >= at + sizeof(cudaIpcMemHandle_t), "genpool: a short CUDA IPC handle");
+      cudaIpcMemHandle_t h;
+      std::memcpy(&h, handle.data() + at, sizeof(h));
+      void* p = nullptr;
+      C10_CUDA_CHECK(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess));
+      out = std::shared_ptr<void>(p, [device](void* q) {
+        c10::cuda::CUDAGuard guard(device);
+        cudaError_t err = cudaIpcCloseMemHandle(q);
+        if (err != cudaSuccess) {
+          (void)cudaGetLastError();
+          std::fprintf(stderr, "genpool: cudaIpcCloseMemHandle: %s\n", cudaGetErrorString(err));
+        }
+      });
+    } else if (type == kIpcExpandable || type == kIpcGenpool) {
+      IpcHeader header{};
+      TORCH_CHECK(handle.size() >= at + sizeof(header), "genpool: a short CUDA IPC handle");
+      std::memcpy(&header, handle.data() + at, sizeof(header));
+      at += sizeof(header);
+      TORCH_CHECK(
+          header.num_pages > 0 && handle.size() == at + header.num_pages * sizeof(int),
+          "genpool: a malformed CUDA IPC handle (",
+          header.num_pages,
+          " pages in ",
+          handle.size(),
+          " bytes)");
+      std::vector<int> fds(header.num_pages);
+      std::memcpy(fds.data(), handle.data() + at, fds.size() * sizeof(int));
+      uint64_t base = 0;
+      TORCH_CHECK(
+          genpool_ipc_open(device, header.pid, header.page_size, fds.data(), fds.size(), &base) ==
+              GENPOOL_OK,
+          "genpool: opening a CUDA tensor another process sent: ",
+          last_error());
+      out = std::shared_ptr<void>(reinterpret_cast<void*>(base), [](void* q) {
+        if (genpool_ipc_close(reinterpret_cast<uint64_t>(q)) != GENPOOL_OK) {
+          std::fprintf(stderr, "genpool: closing a CUDA IPC mapping: %s\n", last_error().c_str());
+        }
+      });
+    } else {
+      TORCH_CHECK(false, "genpool: unknown CUDA IPC handle type ", static_cast<int>(type));
+    }
+    ipc_cache_[handle] = out;
+    return out;
+  }
+
+  // `dev` may access `dev_to_access`'s memory: the peer access of the runtime, and genpool's VMM pages
+  // of `dev_to_access` (now and as they are mapped) opened to `dev` with cuMemSetAccess.
+  void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override {
+    check_device(dev);
+    check_device(dev_to_access);
+    {
+      c10::cuda::CUDAGuard guard(dev);
+      cudaError_t err = cudaDeviceEnablePeerAccess(dev_to_access, 0);
+      if (err == cudaErrorPeerAccessAlreadyEnabled) {
+        (void)cudaGetLastError();  // clear it: access is what was asked for
+      } else {
+        C10_CUDA_CHECK(err);
+      }
+    }
+    TORCH_CHECK(
+        genpool_enable_peer_access(dev_to_access, dev) == GENPOOL_OK,
+        "genpool: opening device ",
+        static_cast<int>(dev_to_access),
+        "'s memory to device ",
+        static_cast<int>(dev),
+        ": ",
+        last_error());
   }
 
   cudaError_t memcpyAsync(
@@ -630,6 +870,68 @@ class GenpoolAllocator final : public cca::CUDAAllocator {
         static_cast<int>(device));
   }
 
+  // The genpool pool of PyTorch pool `id` on `device`, for a call PyTorch makes on graph pools.
+  uint64_t genpool_pool_of(c10::DeviceIndex device, c10::MempoolId_t id, const char* what) {
+    std::lock_guard<std::mutex> lock(pools_mu_);
+    auto it = pools_[device].find(id);
+    TORCH_CHECK(
+        it != pools_[device].end(),
+        "genpool: ",
+        what,
+        ": no private pool (",
+        id.first,
+        ", ",
+        id.second,
+        ") on device ",
+        static_cast<int>(device));
+    TORCH_CHECK(
+        it->second.genpool_id != 0,
+        "genpool: ",
+        what,
+        ": the pool is a MemPool of another allocator, which genpool cannot checkpoint");
+    return it->second.genpool_id;
+  }
+
+  // pools_mu_ held. The first time `stream` is seen capturing, tell the engine (no call a capture forbids
+  // until the matching end).
+  void note_capture_locked(c10::DeviceIndex device, cudaStream_t stream) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    unsigned long long id = 0;
+    cudaError_t err = cudaStreamGetCaptureInfo(stream, &status, &id);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();  // an unusable stream: no capture to tell of
+      return;
+    }
+    if (status != cudaStreamCaptureStatusActive || !captures_.emplace(id, std::make_pair(device, stream)).second) {
+      return;
+    }
+    if (genpool_capture_begin(device) != GENPOOL_OK) {
+      captures_.erase(id);
+      TORCH_WARN("genpool: telling the engine of a capture: ", last_error());
+    }
+  }
+
+  // pools_mu_ held. Tell the engine of the captures that ended (their stream captures no more, or
+  // another capture).
+  void sweep_captures_locked() {
+    for (auto it = captures_.begin(); it != captures_.end();) {
+      cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+      unsigned long long id = 0;
+      cudaError_t err = cudaStreamGetCaptureInfo(it->second.second, &status, &id);
+      if (err != cudaSuccess) {
+        (void)cudaGetLastError();  // the stream is gone: so is its capture
+      }
+      if (err == cudaSuccess && status != cudaStreamCaptureStatusNone && id == it->first) {
+        ++it;
+        continue;
+      }
+      if (genpool_capture_end(it->second.first) != GENPOOL_OK) {
+        TORCH_WARN("genpool: telling the engine a capture ended: ", last_error());
+      }
+      it = captures_.erase(it);
+    }
+  }
+
   // pools_mu_ held.
   void create_locked(
       c10::DeviceIndex device,
@@ -649,8 +951,10 @@ class GenpoolAllocator final : public cca::CUDAAllocator {
   uint64_t route(
       c10::DeviceIndex device,
       cudaStream_t stream,
-      std::shared_ptr<cca::CUDAAllocator>* custom) {
+      std::shared_ptr<cca::CUDAAllocator>* custom,
+      c10::MempoolId_t* custom_id) {
     std::lock_guard<std::mutex> lock(pools_mu_);
+    note_capture_locked(device, stream);
     const auto& v = contexts_by_device_[device];
     for (auto it = v.rbegin(); it != v.rend(); ++it) {
       if (it->filter(stream)) {
@@ -660,9 +964,10 @@ class GenpoolAllocator final : public cca::CUDAAllocator {
         }
         if (p->second.custom) {
           *custom = p->second.custom;
+          *custom_id = it->id;
           return 0;
         }
-        return p->second.genpool_id;
+        return unsafe_graph_pools() ? 0 : p->second.genpool_id;
       }
     }
     return 0;
@@ -672,15 +977,47 @@ class GenpoolAllocator final : public cca::CUDAAllocator {
       const std::shared_ptr<cca::CUDAAllocator>& a,
       c10::DeviceIndex device,
       size_t size,
-      cudaStream_t stream) {
+      cudaStream_t stream,
+      c10::MempoolId_t id) {
     void* ptr = a->raw_alloc_with_stream(size, stream);
     TORCH_CHECK_WITH(
         OutOfMemoryError, ptr != nullptr, "CUDA out of memory: the MemPool's allocator returned NULL");
     std::lock_guard<std::mutex> lock(pools_mu_);
-    custom_blocks_[ptr] = a;
+    custom_blocks_[ptr] = CustomBlock{a, device, size, stream, id};
     n_custom_.store(custom_blocks_.size(), std::memory_order_release);
-    (void)device;
     return ptr;
+  }
+
+  // Segments of the blocks MemPools made with another allocator hold: one per block, as PyTorch's
+  // allocator reports them (`all`, or pool `id` only).
+  void append_custom_segments(
+      bool all,
+      c10::MempoolId_t id,
+      std::vector<c10::CachingDeviceAllocator::SegmentInfo>& out) {
+    std::lock_guard<std::mutex> lock(pools_mu_);
+    for (const auto& [ptr, b] : custom_blocks_) {
+      if (!all && !(b.pool == id)) {
+        continue;
+      }
+      c10::CachingDeviceAllocator::SegmentInfo si;
+      si.device = b.device;
+      si.address = reinterpret_cast<size_t>(ptr);
+      si.total_size = b.size;
+      si.requested_size = b.size;
+      si.allocated_size = b.size;
+      si.active_size = b.size;
+      si.stream = b.stream;
+      si.is_large = b.size > (1u << 20);
+      si.is_expandable = false;
+      si.owner_private_pool_id = b.pool;
+      c10::CachingDeviceAllocator::BlockInfo bi;
+      bi.size = b.size;
+      bi.requested_size = b.size;
+      bi.allocated = true;
+      bi.active = true;
+      si.blocks.push_back(std::move(bi));
+      out.push_back(std::move(si));
+    }
   }
 
   bool custom_free(void* ptr) noexcept {
@@ -691,7 +1028,7 @@ class GenpoolAllocator final : public cca::CUDAAllocator {
       if (it == custom_blocks_.end()) {
         return false;
       }
-      a = std::move(it->second);
+      a = std::move(it->second.allocator);
       custom_blocks_.erase(it);
       n_custom_.store(custom_blocks_.size(), std::memory_order_release);
     }
@@ -939,8 +1276,14 @@ class GenpoolAllocator final : public cca::CUDAAllocator {
   std::unordered_map<c10::MempoolId_t, PrivatePool, MempoolIdHash> pools_[kMaxDevices];
   std::vector<PoolContext> contexts_by_device_[kMaxDevices];
   std::atomic<size_t> n_contexts_[kMaxDevices]{};
-  std::unordered_map<void*, std::shared_ptr<cca::CUDAAllocator>> custom_blocks_;
+  std::unordered_map<void*, CustomBlock> custom_blocks_;
   std::atomic<size_t> n_custom_{0};
+  // Captures the engine was told of: capture id -> (device, capturing stream).
+  std::unordered_map<unsigned long long, std::pair<c10::DeviceIndex, cudaStream_t>> captures_;
+
+  // Memory other processes sent (getIpcDevPtr), by handle (ipc_mu_).
+  std::mutex ipc_mu_;
+  std::unordered_map<std::string, std::weak_ptr<void>> ipc_cache_;
 
   // History (history_mu_).
   std::mutex history_mu_;

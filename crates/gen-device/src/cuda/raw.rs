@@ -244,11 +244,16 @@ fn device_location(ordinal: c_int) -> sys::CUmemLocation {
     }
 }
 
-/// Pinned device memory on `ordinal`, no shareable handle types.
-fn alloc_prop(ordinal: c_int) -> sys::CUmemAllocationProp {
+/// Pinned device memory on `ordinal`, exportable as a POSIX file descriptor when `exportable` (CUDA
+/// IPC; what PyTorch's expandable segments request too).
+fn alloc_prop(ordinal: c_int, exportable: bool) -> sys::CUmemAllocationProp {
     sys::CUmemAllocationProp {
         type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
-        requestedHandleTypes: sys::CUmemAllocationHandleType(0),
+        requestedHandleTypes: if exportable {
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        } else {
+            sys::CUmemAllocationHandleType(0)
+        },
         location: device_location(ordinal),
         win32HandleMetaData: ptr::null_mut(),
         allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
@@ -262,7 +267,7 @@ fn alloc_prop(ordinal: c_int) -> sys::CUmemAllocationProp {
 
 /// `cuMemGetAllocationGranularity` (minimum) for pinned memory on `ordinal`.
 pub(super) fn granularity(ordinal: c_int) -> Result<u64> {
-    let prop = alloc_prop(ordinal);
+    let prop = alloc_prop(ordinal, false);
     let mut g: usize = 0;
     // SAFETY: `g` is a valid out-pointer, `prop` a fully initialized property struct.
     guarded("cuMemGetAllocationGranularity", || unsafe {
@@ -294,9 +299,13 @@ pub(super) fn address_free(ptr: CUdeviceptr, bytes: usize) -> Result<()> {
     })
 }
 
-/// `cuMemCreate` of pinned memory on `ordinal`.
-pub(super) fn mem_create(bytes: usize, ordinal: c_int) -> Result<CUmemGenericAllocationHandle> {
-    let prop = alloc_prop(ordinal);
+/// `cuMemCreate` of pinned memory on `ordinal` (exportable as a POSIX descriptor when `exportable`).
+pub(super) fn mem_create(
+    bytes: usize,
+    ordinal: c_int,
+    exportable: bool,
+) -> Result<CUmemGenericAllocationHandle> {
+    let prop = alloc_prop(ordinal, exportable);
     let mut h: CUmemGenericAllocationHandle = 0;
     // SAFETY: `h` is a valid out-pointer, `prop` a fully initialized property struct.
     guarded("cuMemCreate", || unsafe {
@@ -316,15 +325,16 @@ pub(super) unsafe fn mem_release(handle: CUmemGenericAllocationHandle) -> Result
 }
 
 /// `cuMemMap` of each handle (each of `bytes` bytes) back to back from `va`, then one `cuMemSetAccess`
-/// read-write for `ordinal` over the whole run; on any error everything mapped here is unmapped again.
+/// read-write for every device of `ordinals` (the owner, then its peers) over the whole run; on any
+/// error everything mapped here is unmapped again.
 ///
 /// # Safety
-/// Every handle is a live handle from [`mem_create`] of `bytes` bytes.
+/// Every handle is a live handle from [`mem_create`] (or [`import_fd`]) of `bytes` bytes.
 pub(super) unsafe fn mem_map_run(
     va: CUdeviceptr,
     bytes: usize,
     handles: &[CUmemGenericAllocationHandle],
-    ordinal: c_int,
+    ordinals: &[c_int],
 ) -> Result<()> {
     let undo = |n: usize| {
         if n > 0 {
@@ -341,19 +351,68 @@ pub(super) unsafe fn mem_map_run(
             return Err(e);
         }
     }
-    let desc = sys::CUmemAccessDesc {
-        location: device_location(ordinal),
-        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-    };
-    // SAFETY: `desc` is one initialized descriptor; the whole run was just mapped.
+    let desc: Vec<sys::CUmemAccessDesc> = ordinals.iter().map(|&o| access_desc(o)).collect();
+    // SAFETY: `desc` holds `desc.len()` initialized descriptors; the whole run was just mapped.
     let r = guarded("cuMemSetAccess", || unsafe {
-        sys::cuMemSetAccess(va, bytes * handles.len(), &desc, 1)
+        sys::cuMemSetAccess(va, bytes * handles.len(), desc.as_ptr(), desc.len())
     });
     if let Err(e) = r {
         undo(handles.len());
         return Err(e);
     }
     Ok(())
+}
+
+fn access_desc(ordinal: c_int) -> sys::CUmemAccessDesc {
+    sys::CUmemAccessDesc {
+        location: device_location(ordinal),
+        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    }
+}
+
+/// `cuMemSetAccess`: make `[va, va + bytes)` readable and writable by device `ordinal`. Safe: the driver
+/// validates the range (it must be mapped) and only the access of the device named changes.
+pub(super) fn mem_set_access(va: CUdeviceptr, bytes: usize, ordinal: c_int) -> Result<()> {
+    let desc = access_desc(ordinal);
+    // SAFETY: `desc` is one initialized descriptor; the driver validates the range.
+    guarded("cuMemSetAccess", || unsafe {
+        sys::cuMemSetAccess(va, bytes, &desc, 1)
+    })
+}
+
+/// `cuMemExportToShareableHandle` as a POSIX file descriptor, owned by the caller.
+///
+/// # Safety
+/// `handle` is a live handle from [`mem_create`] made exportable.
+pub(super) unsafe fn export_fd(handle: CUmemGenericAllocationHandle) -> Result<c_int> {
+    let mut fd: c_int = -1;
+    // SAFETY: for a POSIX descriptor the driver writes one `int` through the pointer; the caller
+    // guarantees the handle.
+    guarded("cuMemExportToShareableHandle", || unsafe {
+        sys::cuMemExportToShareableHandle(
+            (&mut fd as *mut c_int).cast::<c_void>(),
+            handle,
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            0,
+        )
+    })?;
+    Ok(fd)
+}
+
+/// `cuMemImportFromShareableHandle` of a POSIX file descriptor (which stays the caller's). Safe: the
+/// driver validates the descriptor (passed by value, as the API wants it for this handle type).
+pub(super) fn import_fd(fd: c_int) -> Result<CUmemGenericAllocationHandle> {
+    let mut h: CUmemGenericAllocationHandle = 0;
+    // SAFETY: `h` is a valid out-pointer; for POSIX descriptors the "pointer" argument is the descriptor
+    // itself cast to a pointer, which the driver never dereferences.
+    guarded("cuMemImportFromShareableHandle", || unsafe {
+        sys::cuMemImportFromShareableHandle(
+            &mut h,
+            fd as isize as *mut c_void,
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        )
+    })?;
+    Ok(h)
 }
 
 /// `cuMemUnmap`.

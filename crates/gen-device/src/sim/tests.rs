@@ -929,3 +929,144 @@ fn pinned_host_copies_round_trip_through_a_mapping() {
     d.phys_release(h2).unwrap();
     d.va_release(va, 2 * G).unwrap();
 }
+
+// ---- captures, peers, IPC ------------------------------------------------------------------------------
+
+#[test]
+fn a_capture_refuses_what_it_forbids_and_is_invalidated() {
+    let d = dev();
+    let s = d.stream_create().unwrap();
+    let other = d.stream_create().unwrap();
+    let ev = d.event_create().unwrap();
+    let va = d.va_reserve(2 * G, 0).unwrap();
+    let h = d.phys_create(G).unwrap();
+    d.map(va, G, h).unwrap();
+    d.begin_capture(s).unwrap();
+    assert_inval(d.begin_capture(other), "cuStreamBeginCapture");
+    // Allowed: creating and mapping memory, events on other streams, memsets.
+    let h2 = d.phys_create(G).unwrap();
+    d.map(va + G, G, h2).unwrap();
+    d.event_record(ev, other).unwrap();
+    d.memset_async(va, 1, 16, s).unwrap();
+    assert!(d.capture_violations().is_empty());
+    // Forbidden: each fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED.
+    for r in [
+        d.synchronize(),
+        d.stream_synchronize(other),
+        d.event_synchronize(ev),
+        d.event_query(ev).map(|_| ()),
+        d.unmap(va + G, G),
+    ] {
+        match r {
+            Err(DeviceError::Driver { code, .. }) => assert_eq!(code, 900),
+            other => panic!("expected a capture error, got {other:?}"),
+        }
+    }
+    d.event_record(ev, s).unwrap();
+    assert_eq!(
+        d.capture_violations(),
+        vec![
+            "cuCtxSynchronize",
+            "cuStreamSynchronize",
+            "cuEventSynchronize",
+            "cuEventQuery",
+            "cuMemUnmap",
+            "cuEventRecord on the capturing stream"
+        ]
+    );
+    match d.end_capture() {
+        Err(DeviceError::Driver { code, message, .. }) => {
+            assert_eq!(code, 901);
+            assert!(message.contains("cuCtxSynchronize"), "{message}");
+        }
+        other => panic!("expected an invalidated capture, got {other:?}"),
+    }
+    assert_inval(d.end_capture(), "cuStreamEndCapture");
+    // After the capture everything works again; a clean capture ends clean.
+    d.synchronize().unwrap();
+    d.unmap(va, 2 * G).unwrap();
+    d.begin_capture(s).unwrap();
+    d.memset_async(va, 1, 0, s).ok();
+    d.end_capture().unwrap();
+    // The engine's count is separate from the driver's view.
+    assert!(!d.captures().active());
+}
+
+#[test]
+fn peers_get_access_to_new_mappings_and_to_old_ones_on_request() {
+    let d = SimConfig::new().ordinal(1).build().unwrap();
+    let va = d.va_reserve(4 * G, 0).unwrap();
+    let (h0, h1) = (d.phys_create(G).unwrap(), d.phys_create(G).unwrap());
+    d.map(va, G, h0).unwrap();
+    assert!(d.accessible_by(1, va, G), "the owner");
+    assert!(!d.accessible_by(0, va, G), "no peer yet");
+    assert_inval(d.add_peer(1), "cuMemSetAccess");
+    assert!(d.add_peer(0).unwrap());
+    assert!(!d.add_peer(0).unwrap(), "added once");
+    assert!(
+        !d.accessible_by(0, va, G),
+        "old mappings are the caller's to open"
+    );
+    d.set_peer_access(va, G, 0).unwrap();
+    assert!(d.accessible_by(0, va, G));
+    d.map(va + G, G, h1).unwrap();
+    assert!(
+        d.accessible_by(0, va, 2 * G),
+        "a new mapping is open to the peer"
+    );
+    assert!(
+        !d.accessible_by(0, va, 3 * G),
+        "an unmapped page is nobody's"
+    );
+    assert_inval(d.set_peer_access(va, 3 * G, 0), "cuMemSetAccess");
+    d.unmap(va, 2 * G).unwrap();
+    d.phys_release(h0).unwrap();
+    d.phys_release(h1).unwrap();
+    d.va_release(va, 4 * G).unwrap();
+}
+
+#[test]
+fn an_exported_handle_imports_as_the_same_memory_until_all_are_released() {
+    let d = backed();
+    let va = d.va_reserve(2 * G, 0).unwrap();
+    let h = d.phys_create(G).unwrap();
+    d.map(va, G, h).unwrap();
+    d.write(va + 100, b"shared page").unwrap();
+    let fd = d.export_handle(h).unwrap();
+    assert_eq!(d.export_handle(h).unwrap(), fd, "one descriptor per handle");
+    // Another "process" takes its own copy of the descriptor, then imports it.
+    let mine = crate::ipc::ProcessFds::open(crate::ipc::this_process())
+        .unwrap()
+        .take(fd)
+        .unwrap();
+    assert_inval(
+        d.import_handle(mine.as_fd(), 2 * G),
+        "cuMemImportFromShareableHandle",
+    );
+    let imp = d.import_handle(mine.as_fd(), G).unwrap();
+    assert_ne!(imp, h);
+    assert_inval(d.export_handle(imp), "cuMemExportToShareableHandle");
+    d.map(va + G, G, imp).unwrap();
+    let mut out = [0u8; 11];
+    d.read(va + G + 100, &mut out).unwrap();
+    assert_eq!(&out, b"shared page");
+    // The owner lets go: the memory stays while the import lives.
+    let held = d.reserved().current;
+    d.unmap(va, G).unwrap();
+    d.phys_release(h).unwrap();
+    assert_eq!(d.reserved().current, held, "kept for the import");
+    assert_eq!(d.outstanding().phys_handles, 1);
+    d.write(va + G, b"still here").unwrap();
+    d.unmap(va + G, G).unwrap();
+    d.phys_release(imp).unwrap();
+    assert_eq!(d.reserved().current, held - G, "gone with the last handle");
+    assert_eq!(d.outstanding().phys_handles, 0);
+    assert_inval(d.phys_release(imp), "cuMemRelease");
+    // A descriptor that is no export of this device.
+    let stranger = memfd("not-an-export").unwrap();
+    assert_inval(
+        d.import_handle(stranger.as_fd(), G),
+        "cuMemImportFromShareableHandle",
+    );
+    d.va_release(va, 2 * G).unwrap();
+}

@@ -1,0 +1,85 @@
+//! Blocks at chosen addresses: [`Pool::alloc_at`], for restoring a PyTorch private pool to a checkpoint
+//! (CUDA graph trees re-create, at the addresses a graph baked in, the blocks that were live when the
+//! checkpoint was taken). A child of `pool` so that it books the block exactly as `Pool::alloc` does.
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use gen_classifier::Features;
+use gen_device::StreamId;
+use gen_plan::Ticket;
+
+use super::{Block, Pool, ALIGN};
+use crate::config::Routing;
+use crate::error::{GenpoolError, Result};
+use crate::meta::Meta;
+use crate::tier::Tier;
+
+impl Pool {
+    /// Allocate `size` bytes (rounded up to 512) at exactly `ptr`, for use on `stream`. Only a pool that
+    /// routes every block to the extent tier (`experimental.routing:extent`, PyTorch's private pools)
+    /// places blocks: `ptr` must lie in one of its extent arenas with the whole range free there.
+    /// Otherwise [`GenpoolError::Unplaceable`] (or the sizes and states [`Pool::alloc`] refuses), with
+    /// no effect. Pages are created as needed (a capture underway permitting: then never moved).
+    pub fn alloc_at(&self, ptr: u64, size: u64, stream: StreamId) -> Result<Block> {
+        let unplaceable = |reason| GenpoolError::Unplaceable { ptr, size, reason };
+        if size == 0 {
+            return Err(GenpoolError::InvalidSize {
+                size,
+                reason: "zero-byte allocation",
+            });
+        }
+        if size > self.hot.max_size {
+            return Err(GenpoolError::InvalidSize {
+                size,
+                reason: "larger than the device's memory",
+            });
+        }
+        if self.hot.routing != Routing::Extent {
+            return Err(unplaceable(
+                "only a pool routing every block to the extent tier places blocks at chosen addresses",
+            ));
+        }
+        if self.pages.is_asleep() {
+            return Err(GenpoolError::Asleep);
+        }
+        if self.meta.get(ptr).is_some() {
+            return Err(unplaceable("a live block starts there"));
+        }
+        let requested = size;
+        let size = size.div_ceil(ALIGN) * ALIGN;
+        self.note_stream(stream);
+        let stamp = self.classifier.on_alloc(&Features {
+            size,
+            stream,
+            device: self.hot.ordinal,
+            site: None,
+            hint: None,
+        });
+        if let Err(e) = self.extents.alloc_at(ptr, size) {
+            // Balance the classifier's books, as a failed `alloc` does.
+            self.classifier.on_free(&stamp, size);
+            return Err(e.into());
+        }
+        self.meta.insert(
+            ptr,
+            Meta {
+                size,
+                tier: Tier::Extent,
+                stamp,
+                ticket: Ticket::NONE,
+                stream,
+                slack: (size - requested) as u16,
+            },
+        );
+        let t = &self.hot.tiers[Tier::Extent as usize];
+        let tl = t.live.fetch_add(size, Relaxed) + size;
+        t.live_peak.fetch_max(tl, Relaxed);
+        let live = self.hot.live.fetch_add(size, Relaxed) + size;
+        self.hot.live_peak.fetch_max(live, Relaxed);
+        Ok(Block {
+            ptr,
+            size,
+            tier: Tier::Extent,
+        })
+    }
+}
