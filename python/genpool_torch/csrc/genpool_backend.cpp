@@ -1010,6 +1010,8 @@ class GenpoolAllocator final : public cca::CUDAAllocator {
       si.is_large = b.size > (1u << 20);
       si.is_expandable = false;
       si.owner_private_pool_id = b.pool;
+      // ProcessGroupNCCL's register_mem_pool refuses segments whose counter was never set (-1).
+      si.registration_counter = 0;
       c10::CachingDeviceAllocator::BlockInfo bi;
       bi.size = b.size;
       bi.requested_size = b.size;
@@ -1241,6 +1243,9 @@ class GenpoolAllocator final : public cca::CUDAAllocator {
       si.stream = reinterpret_cast<void*>(s.stream);
       si.is_large = s.is_large != 0;
       si.is_expandable = true;  // pages are mapped under it on demand, as expandable segments do
+      // ProcessGroupNCCL's register_mem_pool refuses segments whose counter was never set (-1); a run
+      // of pages has no allocation event of its own to count, so every one reports 0.
+      si.registration_counter = 0;
       auto o = owner.find(s.pool);
       if (o != owner.end()) {
         si.owner_private_pool_id = o->second;
