@@ -27,7 +27,13 @@ pub const EMBEDDED_TRACE: &[u8] = include_bytes!("../data/resnet50_train.csv.gz"
 pub const EMBEDDED_NAME: &str = "resnet50_train";
 
 /// Allocators `--allocator` accepts.
-pub const KNOWN_ALLOCATORS: &[&str] = &["genpool", "genpool-single", "bfc", "buddy"];
+pub const KNOWN_ALLOCATORS: &[&str] = &[
+    "genpool",
+    "genpool-single",
+    "genpool-generational",
+    "bfc",
+    "buddy",
+];
 /// Allocators replayed when no `--allocator` is given.
 pub const DEFAULT_ALLOCATORS: &[&str] = &["genpool"];
 
@@ -83,7 +89,9 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub ignore_site: bool,
     /// Allocator to replay through; repeat for several [default: genpool]. `genpool-single` is the engine
-    /// with lifetime routing off (a baseline); `bfc` and `buddy` are host-only reference allocators.
+    /// routing by size alone (the default routing, whatever `GENPOOL_CONF` says), `genpool-generational`
+    /// the engine routing by predicted lifetime too (`experimental.routing:generational`); `bfc` and
+    /// `buddy` are host-only reference allocators.
     /// The engine reads its configuration from `GENPOOL_CONF` (`key:value,...`).
     #[arg(long = "allocator", value_name = "NAME")]
     pub allocators: Vec<String>,
@@ -156,10 +164,12 @@ pub fn make_allocator(
     device: DeviceKind,
 ) -> Result<Box<dyn ReplayAllocator>, CliError> {
     match name {
-        "genpool" | "genpool-single" => {
+        "genpool" | "genpool-single" | "genpool-generational" => {
             let mut cfg = engine_config(name)?;
-            if name == "genpool-single" {
-                cfg.routing = genpool::Routing::Single;
+            match name {
+                "genpool-single" => cfg.routing = genpool::Routing::Single,
+                "genpool-generational" => cfg.routing = genpool::Routing::Generational,
+                _ => {}
             }
             let dev = open_device(device).map_err(|e| CliError::Allocator {
                 name: name.to_owned(),
@@ -467,7 +477,7 @@ mod tests {
         assert_eq!(e.exit_code(), 2);
         assert_eq!(
             e.to_string(),
-            "unknown allocator `tlsf` (known: genpool, genpool-single, bfc, buddy)"
+            "unknown allocator `tlsf` (known: genpool, genpool-single, genpool-generational, bfc, buddy)"
         );
     }
 

@@ -255,7 +255,7 @@ fn usage_errors() {
     assert_eq!(o.status.code(), Some(2));
     assert_eq!(
         stderr(&o),
-        "genpool: unknown allocator `nope` (known: genpool, genpool-single, bfc, buddy)\n"
+        "genpool: unknown allocator `nope` (known: genpool, genpool-single, genpool-generational, bfc, buddy)\n"
     );
     let o = genpool(&["replay", "--passes", "0"]);
     assert_eq!(o.status.code(), Some(2));
@@ -282,6 +282,22 @@ fn default_replays_the_engine_on_the_embedded_trace() {
     assert!((1.0..1.10).contains(&ratio), "ratio {ratio}");
     let tiers = rows[0]["tiers"].as_array().unwrap();
     assert_eq!(tiers.len(), 4);
+    // The default routes by size: no prediction is made, so none is reported; routing by predicted
+    // lifetime (`genpool-generational`) reports its accuracy.
+    assert!(rows[0]["classifier"].is_null(), "{}", rows[0]["classifier"]);
+    let o = genpool(&[
+        "replay",
+        "--device",
+        "sim",
+        "--passes",
+        "2",
+        "--json",
+        "--allocator",
+        "genpool-generational",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows = json_lines(&o);
+    assert_eq!(rows[0]["allocator"], "genpool-generational");
     assert!(rows[0]["classifier"]["accuracy_count"].as_f64().unwrap() > 0.5);
 }
 
@@ -390,9 +406,9 @@ fn analyze_honours_genpool_conf() {
     };
     let default = run("");
     assert_ne!(
-        run("experimental.routing:single"),
+        run("experimental.routing:generational"),
         default,
-        "experimental.routing:single changes the engine's layout"
+        "experimental.routing:generational changes the engine's layout"
     );
 }
 

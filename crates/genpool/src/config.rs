@@ -26,10 +26,13 @@ pub enum LongTier {
 /// How allocations are routed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub enum Routing {
-    /// By predicted lifetime and size (the design).
+    /// By predicted lifetime and size: the classifier stamps every allocation, short- and mid-lived small
+    /// blocks go to the slab, the rest to the extent arena (or the experimental tiers). Measured slower
+    /// than `Single` with the same or a higher ratio on every trace (docs/ARCHITECTURE.md, "What lifetime
+    /// routing buys"), so no longer the default.
     Generational,
-    /// Everything but slab-sized blocks to the extent arena, no classifier influence (a baseline that
-    /// shows what the lifetime split buys).
+    /// By size alone, no prediction made: blocks up to `slab_max_size` to the slab, the rest to the
+    /// extent arena. The default.
     Single,
     /// Every block to the extent arena, whatever its size: the routing of PyTorch's private pools (CUDA
     /// graphs, MemPools), where [`Pool::alloc_at`](crate::Pool::alloc_at) must be able to place any block
@@ -109,20 +112,20 @@ pub const KEYS: &[Key] = &[
     key("page_slack", "fraction of the in-use page peak", "0", "Headroom within which a new page is created rather than one moved from another address."),
     key("page_slack_max", "fraction", "0.08", "With iteration marks (`step()`): the most the headroom may grow to keep page moves within `move_budget`; 0 = never grow."),
     key("move_budget", "fraction of an iteration's wall time", "0.005", "With iteration marks: page moves beyond this share of an iteration grow the headroom."),
-    key("use_site", "true/false", "true", "Let the classifier use call-site tags when the caller provides them."),
+    key("use_site", "true/false", "true", "Let the classifier (`experimental.routing:generational`) use call-site tags when the caller provides them."),
     key("plan", "true/false", "true", "Periodic plans: detect a repeating iteration, pack it once, serve it in place where the tiers' layout moves pages."),
     key("plan_background", "true/false", "true", "Pack a recorded period on a helper thread; false: on the allocating thread, results depend only on the allocation sequence (reproducible replays)."),
     key("eager_unmap", "true/false", "false", "Unmap pages as soon as they are unused (debugging use-after-free; slower)."),
-    key("experimental.mid_tier", "stream or extent", "extent", "Where mid-lived blocks go: the extent arena, or the driver's stream-ordered pool."),
-    key("experimental.long_tier", "buddy or extent", "extent", "Where long-lived blocks go: the extent arena, or the exact-fit buddy."),
-    key("experimental.routing", "generational, single or extent", "generational", "single: everything but slab-sized blocks to the extent arena, no lifetime split (a baseline); extent: every block to the extent arena (PyTorch's private pools)."),
+    key("experimental.mid_tier", "stream or extent", "extent", "Where mid-lived blocks go: the extent arena, or the driver's stream-ordered pool (`stream` selects `experimental.routing:generational` unless the routing is given)."),
+    key("experimental.long_tier", "buddy or extent", "extent", "Where long-lived blocks go: the extent arena, or the exact-fit buddy (`buddy` selects `experimental.routing:generational` unless the routing is given)."),
+    key("experimental.routing", "single, generational or extent", "single", "single: by size alone (slab-sized blocks to the slab, the rest to the extent arena), no prediction made; generational: by predicted lifetime too (the classifier on every call; what the experimental tiers and extent_generations need); extent: every block to the extent arena (PyTorch's private pools)."),
     key("experimental.cache_max_bytes", "bytes", "0", "Exact-size stream-ordered front caches for extent and buddy blocks, up to this many bytes; 0 = none (one stream frees straight back)."),
     key("experimental.pool_release_threshold", "bytes or max", "max", "Release threshold of the driver pool (`experimental.mid_tier:stream`)."),
     key("experimental.short_horizon", "allocations", "64", "Classifier: allocations after which a live block is no longer short-lived."),
     key("experimental.mid_horizon", "allocations", "65536", "Classifier: allocations after which a live block is no longer mid-lived."),
     key("experimental.page_keep_old_mappings", "true/false", "true", "Leave a moved page's old mapping in place so the move can be undone with no driver call."),
     key("experimental.placement_candidates", "count, 0 to 64", "1", "Extent arena: how many best-fitting free extents to compare for the fewest new pages (0 or 1 = plain best fit)."),
-    key("experimental.extent_generations", "true/false", "false", "One extent arena per predicted generation for the first stream."),
+    key("experimental.extent_generations", "true/false", "false", "One extent arena per predicted generation for the first stream (`true` selects `experimental.routing:generational` unless the routing is given)."),
     key("experimental.stream_arenas", "true/false", "true", "Several streams: an extent arena for each stream after the first (up to four); false: every free through the stream caches."),
     key("experimental.plan_pin", "true/false", "true", "Plans map each page of their range once and keep it while served; false: planned blocks commit their own pages."),
     key("experimental.plan_max_period", "large allocations, 16 to 1048576", "8192", "Longest period the planner looks for."),
@@ -239,7 +242,7 @@ impl Default for Config {
             slab_max_size: gen_slab::SlabConfig::default().max_size,
             mid_tier: MidTier::Extent,
             long_tier: LongTier::Extent,
-            routing: Routing::Generational,
+            routing: Routing::Single,
             limit: None,
             eager_unmap: false,
             cache_max_bytes: 0,
@@ -315,13 +318,28 @@ impl Config {
     /// the valid keys.
     pub fn parse(s: &str) -> Result<Self, ConfigError> {
         let mut c = Config::default();
+        let mut routing_given = false;
         for entry in s.split(',').map(str::trim).filter(|e| !e.is_empty()) {
             let (k, v) = entry
                 .split_once(':')
                 .ok_or_else(|| ConfigError::Malformed(entry.into()))?;
             c.set(k.trim(), v.trim())?;
+            routing_given |= k.trim() == "experimental.routing";
+        }
+        // The tiers chosen by predicted lifetime only mean something with lifetime routing: asking for
+        // one asks for it (unless the routing is given too).
+        if !routing_given && c.wants_lifetime() {
+            c.routing = Routing::Generational;
         }
         Ok(c)
+    }
+
+    /// Whether a mode that routes by predicted lifetime is selected (`experimental.mid_tier:stream`,
+    /// `experimental.long_tier:buddy`, `experimental.extent_generations:true`).
+    pub fn wants_lifetime(&self) -> bool {
+        self.mid_tier != MidTier::Extent
+            || self.long_tier != LongTier::Extent
+            || self.extent_generations
     }
 
     /// Set one key from its string form.

@@ -168,6 +168,10 @@ impl ReplayAllocator for EngineReplay {
     }
 
     fn classifier(&self) -> Option<ClassifierReport> {
+        // Only routing by predicted lifetime makes predictions.
+        if self.pool.config().routing != crate::Routing::Generational {
+            return None;
+        }
         let c = self.pool.classifier().confusion();
         Some(ClassifierReport {
             accuracy_count: c.accuracy_count(),

@@ -127,6 +127,7 @@ fn stream_tier_blocks_route_where_ranges_overlap() {
     // ranges, the two devices' address ranges overlap and the owner is found by lookup.
     let cfg = Config {
         mid_tier: MidTier::Stream,
+        routing: genpool::Routing::Generational,
         ..Config::default()
     };
     let pools = Pools::new(2, cfg, |i| {

@@ -21,7 +21,7 @@ const CONFIGS: &[(&str, &str)] = &[
     ("default", "plan_background:false"),
     (
         "tiers",
-        "plan_background:false,experimental.long_tier:buddy,experimental.mid_tier:stream,experimental.cache_max_bytes:1G,experimental.extent_generations:true,slab_max_size:64K",
+        "plan_background:false,experimental.routing:generational,experimental.long_tier:buddy,experimental.mid_tier:stream,experimental.cache_max_bytes:1G,experimental.extent_generations:true,slab_max_size:64K",
     ),
 ];
 

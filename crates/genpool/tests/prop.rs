@@ -760,7 +760,7 @@ fn prop_all_tiers() {
     run(
         "prop_all_tiers",
         Setup {
-            conf: "experimental.mid_tier:stream,experimental.long_tier:buddy,slab_max_size:1M",
+            conf: "experimental.routing:generational,experimental.mid_tier:stream,experimental.long_tier:buddy,slab_max_size:1M",
             capacity: 512 * MIB,
             backed: false,
             huge: true,
@@ -776,7 +776,7 @@ fn prop_front_caches() {
     run(
         "prop_front_caches",
         Setup {
-            conf: "experimental.cache_max_bytes:48M,experimental.long_tier:buddy",
+            conf: "experimental.routing:generational,experimental.cache_max_bytes:48M,experimental.long_tier:buddy",
             capacity: 384 * MIB,
             backed: false,
             huge: true,
@@ -791,7 +791,7 @@ fn prop_backed_patterns() {
     run(
         "prop_backed_patterns",
         Setup {
-            conf: "experimental.mid_tier:stream,experimental.long_tier:buddy,slab_max_size:64K,experimental.cache_max_bytes:16M",
+            conf: "experimental.routing:generational,experimental.mid_tier:stream,experimental.long_tier:buddy,slab_max_size:64K,experimental.cache_max_bytes:16M",
             capacity: 256 * MIB,
             backed: true,
             huge: false,
