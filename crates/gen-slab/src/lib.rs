@@ -905,13 +905,7 @@ impl Slab {
             let Some(list) = c.lists[s].get() else {
                 continue;
             };
-            let mut batch = Vec::new();
-            while batch.len() < MIGRATE_BATCH {
-                match list.pop() {
-                    Some(slot) => batch.push(slot),
-                    None => break,
-                }
-            }
+            let batch = pop_batch(list);
             if batch.is_empty() {
                 continue;
             }
@@ -939,13 +933,7 @@ impl Slab {
             let Some(list) = c.lists[s].get() else {
                 continue;
             };
-            let mut batch = Vec::new();
-            while batch.len() < MIGRATE_BATCH {
-                match list.pop() {
-                    Some(slot) => batch.push(slot),
-                    None => break,
-                }
-            }
+            let batch = pop_batch(list);
             if batch.is_empty() {
                 continue;
             }
@@ -1155,6 +1143,18 @@ impl Slab {
             None => Ok(bytes),
         }
     }
+}
+
+/// Up to [`MIGRATE_BATCH`] free slots off `list` (a migration's batch).
+fn pop_batch(list: &FrontCache) -> Vec<u32> {
+    let mut batch = Vec::new();
+    while batch.len() < MIGRATE_BATCH {
+        match list.pop() {
+            Some(slot) => batch.push(slot),
+            None => break,
+        }
+    }
+    batch
 }
 
 impl Drop for Slab {

@@ -790,9 +790,9 @@ impl PagePool {
             })
     }
 
-    /// The [`Page::freed_on`] bit of `stream` (its entry in the stream fences, made if new).
-    fn stream_bit(g: &mut Inner, stream: StreamId) -> u64 {
-        let i = match g.stream_fences.iter().position(|sf| sf.stream == stream) {
+    /// The index of `stream`'s entry in the stream fences, made if new.
+    fn stream_entry(g: &mut Inner, stream: StreamId) -> usize {
+        match g.stream_fences.iter().position(|sf| sf.stream == stream) {
             Some(i) => i,
             None => {
                 g.stream_fences.push(StreamFences {
@@ -802,7 +802,12 @@ impl PagePool {
                 });
                 g.stream_fences.len() - 1
             }
-        };
+        }
+    }
+
+    /// The [`Page::freed_on`] bit of `stream` (its entry in the stream fences, made if new).
+    fn stream_bit(g: &mut Inner, stream: StreamId) -> u64 {
+        let i = Self::stream_entry(g, stream);
         if i < 63 {
             1 << i
         } else {
@@ -831,17 +836,7 @@ impl PagePool {
         stream: StreamId,
         epoch: u64,
     ) -> Result<(EventHandle, u64), VmmError> {
-        let i = match g.stream_fences.iter().position(|sf| sf.stream == stream) {
-            Some(i) => i,
-            None => {
-                g.stream_fences.push(StreamFences {
-                    stream,
-                    fences: VecDeque::new(),
-                    done: 0,
-                });
-                g.stream_fences.len() - 1
-            }
-        };
+        let i = Self::stream_entry(g, stream);
         if let Some(&(e, ev)) = g.stream_fences[i].fences.back() {
             if e >= epoch {
                 return Ok((ev, e));

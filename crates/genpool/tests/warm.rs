@@ -28,6 +28,13 @@ fn warm_calls(trace: &str) -> std::collections::BTreeMap<&'static str, u64> {
     r.warm_calls
 }
 
+/// The warm passes of `trace` made no host wait of any kind.
+fn assert_no_host_wait(trace: &str) {
+    let w = warm_calls(trace);
+    assert_eq!(w["waits"], 0, "{trace}: {w:?}");
+    assert_eq!(w["device_syncs"], 0, "{trace}: {w:?}");
+}
+
 #[test]
 fn single_stream_warm_passes_make_no_host_wait() {
     // ResNet-50 and GPT-2 repeat their layout in place; GPT-2 medium, Llama and ViT move pages every
@@ -40,9 +47,7 @@ fn single_stream_warm_passes_make_no_host_wait() {
         "llama_ckpt_varlen.csv.gz",
         "vit_train_varres.csv.gz",
     ] {
-        let w = warm_calls(trace);
-        assert_eq!(w["waits"], 0, "{trace}: {w:?}");
-        assert_eq!(w["device_syncs"], 0, "{trace}: {w:?}");
+        assert_no_host_wait(trace);
     }
 }
 
@@ -56,8 +61,6 @@ fn multi_stream_warm_passes_make_no_host_wait() {
         "resnet_copy_overlap.csv.gz",
         "bert_serve_4streams.csv.gz",
     ] {
-        let w = warm_calls(trace);
-        assert_eq!(w["waits"], 0, "{trace}: {w:?}");
-        assert_eq!(w["device_syncs"], 0, "{trace}: {w:?}");
+        assert_no_host_wait(trace);
     }
 }
