@@ -312,7 +312,9 @@ def p_cuda_graph_capture(torch):
             model(static_in)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):
+    # Without autograd the hidden activations are freed during the capture (with it, the output keeps
+    # them alive): blocks the graph still uses that nobody holds — what must not be handed out.
+    with torch.no_grad(), torch.cuda.graph(g, stream=s):
         static_out = model(static_in)
     # Tensors allocated after the capture must never be touched by replays.
     guards = _guards(torch, s, 64 * 2048)
@@ -398,9 +400,10 @@ def p_cuda_graph_unsafe_variant_is_caught(torch):
         model(static_in)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):
+    with torch.no_grad(), torch.cuda.graph(g, stream=s):
         static_out = model(static_in)
-    # The hidden activations (64 x 2048 floats) were freed during the capture: guards land on them.
+    # The hidden activations (64 x 2048 floats) were freed during the capture (no autograd keeps them):
+    # guards land on them.
     guards = _guards(torch, s, 64 * 2048)
     for _ in range(5):
         g.replay()
