@@ -184,6 +184,19 @@ impl ExtentArena {
                 requested: rounded,
                 available: g.core.largest_free(),
             })?;
+        self.commit_taken(&mut g, off, rounded, grow)?;
+        Ok(self.base + off)
+    }
+
+    /// Commit the pages of `[off, off + rounded)`, just taken from the core, and keep the books; on error
+    /// the range goes back to the core (nothing changed).
+    fn commit_taken(
+        &self,
+        g: &mut Inner,
+        off: u64,
+        rounded: u64,
+        grow: bool,
+    ) -> Result<(), TierError> {
         let pages = match self.region.commit_counted(off, rounded, grow) {
             Ok(pages) => pages,
             Err(e) => {
@@ -194,7 +207,7 @@ impl ExtentArena {
         g.peak_committed_pages = g.peak_committed_pages.max(pages);
         g.peak_live = g.peak_live.max(g.core.live_bytes());
         g.allocs += 1;
-        Ok(self.base + off)
+        Ok(())
     }
 
     /// Allocate `size` bytes (rounded up to 512 B) at exactly `ptr` and commit them (creating pages as
@@ -220,16 +233,7 @@ impl ExtentArena {
                 "the range is not free (a live block overlaps it)",
             ));
         }
-        let pages = match self.region.commit_counted(off, rounded, true) {
-            Ok(pages) => pages,
-            Err(e) => {
-                g.core.free(off);
-                return Err(e.into());
-            }
-        };
-        g.peak_committed_pages = g.peak_committed_pages.max(pages);
-        g.peak_live = g.peak_live.max(g.core.live_bytes());
-        g.allocs += 1;
+        self.commit_taken(&mut g, off, rounded, true)?;
         Ok(rounded)
     }
 

@@ -380,6 +380,24 @@ impl Pool {
         }
     }
 
+    /// Refuse zero and impossible sizes ([`GenpoolError::InvalidSize`]).
+    #[inline]
+    pub(crate) fn check_size(&self, size: u64) -> Result<()> {
+        if size == 0 {
+            return Err(GenpoolError::InvalidSize {
+                size,
+                reason: "zero-byte allocation",
+            });
+        }
+        if size > self.hot.max_size {
+            return Err(GenpoolError::InvalidSize {
+                size,
+                reason: "larger than the device's memory",
+            });
+        }
+        Ok(())
+    }
+
     /// Tell the classifier a block it stamped is gone (nothing when lifetime routing is off: no stamp
     /// was made).
     #[inline]
@@ -427,18 +445,7 @@ impl Pool {
     /// exhausted the pool first gives back everything it caches and retries once, then fails with
     /// [`GenpoolError::OutOfMemory`] and stays usable.
     pub fn alloc(&self, size: u64, stream: StreamId, hint: Hint) -> Result<Block> {
-        if size == 0 {
-            return Err(GenpoolError::InvalidSize {
-                size,
-                reason: "zero-byte allocation",
-            });
-        }
-        if size > self.hot.max_size {
-            return Err(GenpoolError::InvalidSize {
-                size,
-                reason: "larger than the device's memory",
-            });
-        }
+        self.check_size(size)?;
         // Sleep / wake (crate::sleep): refused before a tier could hand out memory of pages it holds.
         if self.pages.is_asleep() {
             return Err(GenpoolError::Asleep);

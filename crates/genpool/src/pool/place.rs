@@ -22,18 +22,7 @@ impl Pool {
     /// no effect. Pages are created as needed (a capture underway permitting: then never moved).
     pub fn alloc_at(&self, ptr: u64, size: u64, stream: StreamId) -> Result<Block> {
         let unplaceable = |reason| GenpoolError::Unplaceable { ptr, size, reason };
-        if size == 0 {
-            return Err(GenpoolError::InvalidSize {
-                size,
-                reason: "zero-byte allocation",
-            });
-        }
-        if size > self.hot.max_size {
-            return Err(GenpoolError::InvalidSize {
-                size,
-                reason: "larger than the device's memory",
-            });
-        }
+        self.check_size(size)?;
         if self.hot.routing != Routing::Extent {
             return Err(unplaceable(
                 "only a pool routing every block to the extent tier places blocks at chosen addresses",
