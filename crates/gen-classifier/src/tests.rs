@@ -26,6 +26,17 @@ fn with_bytes(b: ClassifierConfigBuilder) -> ClassifierConfigBuilder {
     })
 }
 
+/// [`plain`] with the default sampled tracking (one allocation in 8 of a warm key).
+fn sampled() -> Classifier {
+    Classifier::new(
+        ClassifierConfig::builder()
+            .detect_period(false)
+            .prior_burst_allocs(0)
+            .build()
+            .unwrap(),
+    )
+}
+
 /// A classifier with period detection off, no burst prior, every allocation tracked and the byte clock
 /// kept, so tests control every input and every free is scored.
 fn plain() -> Classifier {
@@ -417,13 +428,7 @@ fn the_per_call_fields_fill_the_first_two_cache_lines() {
 
 #[test]
 fn a_warm_key_tracks_one_allocation_in_sample_every() {
-    let c = Classifier::new(
-        ClassifierConfig::builder()
-            .detect_period(false)
-            .prior_burst_allocs(0)
-            .build()
-            .unwrap(),
-    );
+    let c = sampled();
     assert_eq!(c.config().sample_every(), 8);
     let n = 8000;
     let mut tracked = 0;
@@ -445,13 +450,7 @@ fn a_warm_key_tracks_one_allocation_in_sample_every() {
 
 #[test]
 fn a_key_that_turns_mid_is_learnt_from_its_samples() {
-    let c = Classifier::new(
-        ClassifierConfig::builder()
-            .detect_period(false)
-            .prior_burst_allocs(0)
-            .build()
-            .unwrap(),
-    );
+    let c = sampled();
     for _ in 0..100 {
         let s = c.on_alloc(&feat(1 << 20, 7));
         c.on_free(&s, 1 << 20);

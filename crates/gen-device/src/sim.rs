@@ -529,6 +529,21 @@ impl Phys {
     }
 }
 
+/// The mappings that tile `[va, end)` from `va` on, back to back (their starts), and where that run
+/// stops: `end` when the range is exactly covered by whole mappings, else the first gap or split.
+fn whole_mappings(mappings: &BTreeMap<u64, Mapping>, va: u64, end: u64) -> (Vec<u64>, u64) {
+    let mut pos = va;
+    let mut covered = Vec::new();
+    for (&s, m) in mappings.range(va..end) {
+        if s != pos {
+            break;
+        }
+        pos = s + m.size;
+        covered.push(s);
+    }
+    (covered, pos)
+}
+
 struct Mapping {
     size: u64,
     handle: u64,
@@ -1506,15 +1521,7 @@ impl Device for SimDevice {
             .checked_add(bytes)
             .ok_or_else(|| inval(call, "range overflows"))?;
         // The range must be exactly tiled by whole mappings.
-        let mut pos = va;
-        let mut covered = Vec::new();
-        for (&s, m) in st.mappings.range(va..end) {
-            if s != pos {
-                break;
-            }
-            pos = s + m.size;
-            covered.push(s);
-        }
+        let (covered, pos) = whole_mappings(&st.mappings, va, end);
         if pos != end {
             return Err(inval(
                 call,
@@ -1975,15 +1982,7 @@ impl Device for SimDevice {
         let end = va
             .checked_add(bytes)
             .ok_or_else(|| inval(call, "range overflows"))?;
-        let mut pos = va;
-        let mut covered = Vec::new();
-        for (&s, m) in st.mappings.range(va..end) {
-            if s != pos {
-                break;
-            }
-            pos = s + m.size;
-            covered.push(s);
-        }
+        let (covered, pos) = whole_mappings(&st.mappings, va, end);
         if pos != end {
             return Err(inval(
                 call,
