@@ -51,7 +51,7 @@ struct Input {
 const CONFIGS: [&str; 4] = [
     "",
     "experimental.mid_tier:stream,experimental.long_tier:buddy,slab_max_size:64K",
-    "experimental.cache_max_bytes:1G,experimental.long_tier:buddy",
+    "experimental.stream_arenas:false,experimental.long_tier:buddy",
     "experimental.routing:single,eager_unmap:true",
 ];
 

@@ -240,6 +240,17 @@ impl ExtentArena {
     /// Free the block starting at `ptr`: decommit its bytes and coalesce; returns its (rounded) size. A
     /// pointer that is not the start of a live block is [`TierError::InvalidFree`], with no effect.
     pub fn free(&self, ptr: u64) -> Result<u64, TierError> {
+        self.free_with(ptr, None)
+    }
+
+    /// [`free`](Self::free) for an arena several streams share (no [`set_stream`](Self::set_stream)):
+    /// the pages the block leaves free are stamped with `stream`, whose work used it last, so their next
+    /// reuse elsewhere waits for that stream only ([`gen_vmm::Region::decommit_for`]).
+    pub fn free_on(&self, ptr: u64, stream: gen_device::StreamId) -> Result<u64, TierError> {
+        self.free_with(ptr, Some(stream))
+    }
+
+    fn free_with(&self, ptr: u64, stream: Option<gen_device::StreamId>) -> Result<u64, TierError> {
         if !self.owns(ptr) {
             return Err(TierError::InvalidFree {
                 ptr,
@@ -252,7 +263,10 @@ impl ExtentArena {
             ptr,
             reason: "not the start of a live extent",
         })?;
-        self.region.decommit(off, size);
+        match stream {
+            Some(s) => self.region.decommit_for(off, size, s),
+            None => self.region.decommit(off, size),
+        }
         g.frees += 1;
         Ok(size)
     }

@@ -86,12 +86,14 @@ use std::sync::Arc;
 use gen_device::{Device, DeviceError, DevicePtr, EventHandle, PhysHandle, StreamId};
 
 mod freeset;
+mod handoff;
 mod sleep;
 mod tally;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod tier;
 use freeset::FreeSet;
+pub use handoff::Handoff;
 use parking_lot::Mutex;
 pub use sleep::{Slept, Woken};
 pub use tally::PageTally;
@@ -746,6 +748,21 @@ impl PagePool {
         let (ev, _) = self.fence_on(&mut g, after, now)?;
         self.device.stream_wait_event(stream, ev)?;
         g.stats.stream_waits += 1;
+        Ok(())
+    }
+
+    /// Synchronize the device (a host wait) and take everything freed so far as idle. For callers whose
+    /// device-side ordering failed; nothing on a warm path calls it.
+    pub fn synchronize(&self) -> Result<(), VmmError> {
+        if self.capturing() {
+            return Err(VmmError::Capturing("a device synchronize"));
+        }
+        let mut g = self.inner.lock();
+        let mut synced = false;
+        self.sync_all(&mut g, &mut synced)?;
+        if let Err(e) = self.reap_zombies(&mut g, false) {
+            log::error!("gen-vmm: unmapping old mappings after a synchronize: {e}");
+        }
         Ok(())
     }
 

@@ -55,12 +55,6 @@ fn main() {
         }
         println!("  pages {:?}", s.pages);
         println!("  plan {:?}", s.plan);
-        for c in eng.pool().cache_stats() {
-            println!(
-                "  cache hits {} misses {} puts {} cached {}",
-                c.hits, c.misses, c.puts, c.cached_bytes
-            );
-        }
         println!(
             "  confusion counts {:?}\n  confusion bytes {:?}",
             s.confusion_counts, s.confusion_bytes

@@ -1,6 +1,8 @@
 //! The extent tier: the first stream's arena (or one per predicted generation, `extent_generations`) and,
 //! with several streams, the arenas of the streams after the first (`stream_arenas`). Their address
-//! ranges are disjoint; a block is freed to the arena owning it.
+//! ranges are disjoint; a block is freed to the arena owning it. Each arena has a [`Handoff`] — gen-vmm's
+//! stream rule for blocks — that orders a stream after the frees of others before it can reuse their
+//! blocks.
 
 use std::sync::atomic::{AtomicU64, Ordering, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
@@ -8,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 use gen_classifier::Lifetime;
 use gen_device::StreamId;
 use gen_extent::{ExtentArena, ExtentConfig};
-use gen_vmm::{PagePool, TierError};
+use gen_vmm::{Handoff, PagePool, TierError, VmmError};
 
 use crate::tier::{Request, TierAlloc};
 
@@ -25,12 +27,47 @@ const STREAM_ARENA_NAMES: [&str; STREAM_ARENAS] = [
     "gen-extent/stream-4",
 ];
 
-/// The extent tier's arenas.
+/// An arena and the streams that allocate from it or freed into it.
+struct Owned {
+    arena: ExtentArena,
+    handoff: Handoff,
+}
+
+/// Where a live block's arena is, for its free.
+pub(crate) struct Home<'a> {
+    pub arena: &'a ExtentArena,
+    pub handoff: &'a Handoff,
+    /// The arena is shared by several streams with no stream of its own: its freed pages are stamped with
+    /// the freeing stream.
+    pub shared: bool,
+}
+
+impl Home<'_> {
+    /// Free the block at `ptr` (its ordering done: [`Handoff::freed`]).
+    pub fn free(&self, ptr: u64, stream: StreamId) -> Result<u64, TierError> {
+        if self.shared {
+            self.arena.free_on(ptr, stream)
+        } else {
+            self.arena.free(ptr)
+        }
+    }
+}
+
+/// The extent tier's arenas. Two words of the engine's one hot line: the first stream's arenas, which
+/// one stream reaches with nothing else read, and the rest behind one pointer.
 pub(crate) struct Extents {
     /// The first stream's arena, or its three generation arenas (short, mid, long).
     main: Box<[ExtentArena]>,
+    rest: Box<Rest>,
+}
+
+/// What only several streams use.
+struct Rest {
+    /// Who allocates from the main arenas (the first stream; every stream without `stream_arenas`).
+    main_handoff: Handoff,
     /// With `stream_arenas`: the arenas of streams after the first.
-    streams: Option<Box<StreamArenas>>,
+    streams: Option<StreamArenas>,
+    pages: Arc<PagePool>,
 }
 
 /// How the extent tier is laid out.
@@ -48,12 +85,12 @@ pub(crate) struct ExtentsConfig {
 /// The extent arenas of streams after the first. A slot's arena is made at its stream's first large
 /// allocation and kept; only that stream allocates from it, so a block it frees on that stream goes
 /// straight back (stream order), as in the one-stream case. Streams past the slots share `shared`, whose
-/// frees always go through the stream caches.
+/// handoff orders each of them after the others' frees.
 struct StreamArenas {
     /// The stream each slot belongs to (`NO_STREAM`: free), published once the slot's arena is set.
     ids: [AtomicU64; STREAM_ARENAS],
-    arenas: [OnceLock<ExtentArena>; STREAM_ARENAS],
-    shared: OnceLock<ExtentArena>,
+    arenas: [OnceLock<Owned>; STREAM_ARENAS],
+    shared: OnceLock<Owned>,
     /// Serializes slot claims (once per stream).
     claim: parking_lot::Mutex<()>,
     pages: Arc<PagePool>,
@@ -64,7 +101,7 @@ struct StreamArenas {
 impl StreamArenas {
     /// The arena `stream` allocates from, made on its first use. Out of line: one stream never calls it.
     #[inline(never)]
-    fn arena(&self, stream: StreamId) -> Result<&ExtentArena, TierError> {
+    fn arena(&self, stream: StreamId) -> Result<&Owned, TierError> {
         if let Some(a) = self.find(stream) {
             return Ok(a);
         }
@@ -78,11 +115,15 @@ impl StreamArenas {
             name,
         };
         if let Some(i) = self.ids.iter().position(|id| id.load(Relaxed) == NO_STREAM) {
-            let a = ExtentArena::new(&self.pages, cfg(STREAM_ARENA_NAMES[i]))?;
-            // Only `stream` allocates from it, and a block is freed straight back only on `stream`
-            // (others go through the stream caches, made safe before they return).
-            a.set_stream(Some(stream));
-            if self.arenas[i].set(a).is_err() {
+            let arena = ExtentArena::new(&self.pages, cfg(STREAM_ARENA_NAMES[i]))?;
+            // Only `stream` allocates from it: its own frees go straight back (stream order); a block
+            // freed on another stream first orders `stream` after it (the handoff).
+            arena.set_stream(Some(stream));
+            let owned = Owned {
+                arena,
+                handoff: Handoff::owned_by(stream),
+            };
+            if self.arenas[i].set(owned).is_err() {
                 unreachable!("a free slot has no arena");
             }
             self.ids[i].store(stream, Ordering::Release);
@@ -91,11 +132,14 @@ impl StreamArenas {
         if let Some(a) = self.shared.get() {
             return Ok(a);
         }
-        let a = ExtentArena::new(&self.pages, cfg("gen-extent/streams"))?;
-        Ok(self.shared.get_or_init(|| a))
+        let arena = ExtentArena::new(&self.pages, cfg("gen-extent/streams"))?;
+        Ok(self.shared.get_or_init(|| Owned {
+            arena,
+            handoff: Handoff::new(),
+        }))
     }
 
-    fn find(&self, stream: StreamId) -> Option<&ExtentArena> {
+    fn find(&self, stream: StreamId) -> Option<&Owned> {
         let i = self
             .ids
             .iter()
@@ -103,13 +147,12 @@ impl StreamArenas {
         self.arenas[i].get()
     }
 
-    /// Every arena made so far, with the one stream that allocates from it (`None`: shared).
-    fn all(&self) -> impl Iterator<Item = (&ExtentArena, Option<StreamId>)> {
+    /// Every arena made so far, with whether it is the shared one.
+    fn all(&self) -> impl Iterator<Item = (&Owned, bool)> {
         self.arenas
             .iter()
-            .zip(&self.ids)
-            .filter_map(|(a, id)| a.get().map(|a| (a, Some(id.load(Ordering::Acquire)))))
-            .chain(self.shared.get().map(|a| (a, None)))
+            .filter_map(|a| a.get().map(|a| (a, false)))
+            .chain(self.shared.get().map(|a| (a, true)))
     }
 }
 
@@ -134,26 +177,32 @@ impl Extents {
                 )
             })
             .collect::<Result<Box<[_]>, _>>()?;
-        let streams = cfg.stream_arenas.then(|| {
-            Box::new(StreamArenas {
-                ids: std::array::from_fn(|_| AtomicU64::new(NO_STREAM)),
-                arenas: std::array::from_fn(|_| OnceLock::new()),
-                shared: OnceLock::new(),
-                claim: parking_lot::Mutex::new(()),
-                pages: pages.clone(),
-                va_bytes: cfg.stream_va,
-                placement_candidates: cfg.placement_candidates,
-            })
+        let streams = cfg.stream_arenas.then(|| StreamArenas {
+            ids: std::array::from_fn(|_| AtomicU64::new(NO_STREAM)),
+            arenas: std::array::from_fn(|_| OnceLock::new()),
+            shared: OnceLock::new(),
+            claim: parking_lot::Mutex::new(()),
+            pages: pages.clone(),
+            va_bytes: cfg.stream_va,
+            placement_candidates: cfg.placement_candidates,
         });
-        Ok(Extents { main, streams })
+        Ok(Extents {
+            main,
+            rest: Box::new(Rest {
+                main_handoff: Handoff::new(),
+                streams,
+                pages: pages.clone(),
+            }),
+        })
     }
 
-    /// The first stream is known: its arenas' blocks are used on it (blocks freed on other streams come
-    /// back to them only through the stream caches, made safe first).
+    /// The first stream is known: its arenas' blocks are used on it, and it has allocated from and
+    /// freed into them with nothing but stream order so far.
     pub fn set_first_stream(&self, stream: StreamId) {
         for a in self.main.iter() {
             a.set_stream(Some(stream));
         }
+        self.rest.main_handoff.seed(stream);
     }
 
     /// The first stream's arena for blocks predicted `class`.
@@ -169,42 +218,77 @@ impl Extents {
 
     /// Every extent arena: the first stream's (or the generations'), then the stream arenas made so far.
     pub fn all(&self) -> impl Iterator<Item = &ExtentArena> {
-        self.main
-            .iter()
-            .chain(self.streams.iter().flat_map(|s| s.all().map(|(a, _)| a)))
+        self.main.iter().chain(
+            self.rest
+                .streams
+                .iter()
+                .flat_map(|s| s.all().map(|(o, _)| &o.arena)),
+        )
     }
 
     /// The arena a block of `req` comes from: with several streams and stream arenas, the stream's own
-    /// (made on first use) unless it is the first stream.
+    /// (made on first use) unless it is the first stream. A stream other than the first enters the
+    /// arena's handoff (ordered after the others' frees its first time); the first stream is one of the
+    /// main arenas' allocators from the start, so it has nothing to enter.
     #[inline]
     fn arena(&self, req: &Request) -> Result<&ExtentArena, TierError> {
-        // One stream (the common case): decided from the request alone, the stream arenas not read.
+        // One stream (the common case): decided from the request alone, nothing else read.
         if req.stream == req.first_stream {
             return Ok(self.for_class(req.class));
         }
-        match &self.streams {
-            Some(sa) => sa.arena(req.stream),
-            None => Ok(self.for_class(req.class)),
+        self.other_arena(req)
+    }
+
+    #[inline(never)]
+    fn other_arena(&self, req: &Request) -> Result<&ExtentArena, TierError> {
+        let rest = &*self.rest;
+        let (arena, handoff) = match &rest.streams {
+            Some(sa) => sa.arena(req.stream).map(|o| (&o.arena, &o.handoff))?,
+            None => (self.for_class(req.class), &rest.main_handoff),
+        };
+        handoff.enter(&rest.pages, req.stream).map_err(vmm_err)?;
+        Ok(arena)
+    }
+
+    /// Free a block while one stream has been seen (its only allocator freeing it: stream order
+    /// suffices, no handoff to consult).
+    #[inline]
+    pub fn free_solo(&self, ptr: u64) -> Result<(), TierError> {
+        match self.main.iter().find(|a| a.owns(ptr)) {
+            Some(a) => a.free(ptr).map(|_| ()),
+            None => Err(TierError::InvalidFree {
+                ptr,
+                reason: "not in the first stream's extent arenas",
+            }),
         }
     }
 
-    /// Whether a block freed on `stream` may go straight back: the arena holding `ptr` is the one only
-    /// `stream` allocates from (`first_stream`'s are the main arenas). Out of line: one stream never
-    /// calls it.
-    #[inline(never)]
-    pub fn home_arena(
-        &self,
-        ptr: u64,
-        stream: StreamId,
-        first_stream: StreamId,
-    ) -> Option<&ExtentArena> {
-        let sa = self.streams.as_ref()?;
-        if stream == first_stream {
-            return self.main.iter().find(|a| a.owns(ptr));
+    /// The arena holding `ptr`, for its free (`None`: in none of them).
+    #[inline]
+    pub fn home(&self, ptr: u64) -> Option<Home<'_>> {
+        // The first stream's arena (or the generations') first: the stream arenas are not looked at
+        // unless the block is theirs.
+        if let Some(a) = self.main.iter().find(|a| a.owns(ptr)) {
+            return Some(Home {
+                arena: a,
+                handoff: &self.rest.main_handoff,
+                shared: false,
+            });
         }
-        sa.all()
-            .find(|&(a, home)| home == Some(stream) && a.owns(ptr))
-            .map(|(a, _)| a)
+        self.home_in_streams(ptr)
+    }
+
+    #[inline(never)]
+    fn home_in_streams(&self, ptr: u64) -> Option<Home<'_>> {
+        self.rest.streams.as_ref().and_then(|sa| {
+            sa.all()
+                .find(|(o, _)| o.arena.owns(ptr))
+                .map(|(o, shared)| Home {
+                    arena: &o.arena,
+                    handoff: &o.handoff,
+                    shared,
+                })
+        })
     }
 
     /// Allocate `size` bytes at exactly `ptr` in the arena whose range holds it (see
@@ -235,24 +319,17 @@ impl TierAlloc for Extents {
         self.arena(req)?.alloc(req.size, req.grow)
     }
 
-    /// Free to the arena whose address range holds `ptr`.
-    fn free(&self, ptr: u64, _stream: StreamId) -> Result<(), TierError> {
-        // The first stream's arena (or the generations') first: the stream arenas are not looked at
-        // unless the block is theirs.
-        if let Some(a) = self.main.iter().find(|a| a.owns(ptr)) {
-            return a.free(ptr).map(|_| ());
-        }
-        match self
-            .streams
-            .as_ref()
-            .and_then(|sa| sa.all().find(|(a, _)| a.owns(ptr)))
-        {
-            Some((a, _)) => a.free(ptr).map(|_| ()),
-            None => Err(TierError::InvalidFree {
-                ptr,
-                reason: "not in any extent arena",
-            }),
-        }
+    /// Free to the arena whose address range holds `ptr`, after ordering its other allocators after
+    /// `stream` (see [`Handoff::freed`]).
+    fn free(&self, ptr: u64, stream: StreamId) -> Result<(), TierError> {
+        let home = self.home(ptr).ok_or(TierError::InvalidFree {
+            ptr,
+            reason: "not in any extent arena",
+        })?;
+        home.handoff
+            .freed(&self.rest.pages, stream)
+            .map_err(vmm_err)?;
+        home.free(ptr, stream).map(|_| ())
     }
 
     /// Per-arena peaks occur at different moments: their sum bounds the tier's peak.
@@ -267,4 +344,8 @@ impl TierAlloc for Extents {
             a.trim();
         }
     }
+}
+
+fn vmm_err(e: VmmError) -> TierError {
+    TierError::Vmm(e)
 }

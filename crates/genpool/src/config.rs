@@ -58,6 +58,14 @@ pub enum ConfigError {
         /// The key given.
         key: String,
     },
+    /// A key an earlier version accepted, for a mode since removed.
+    #[error("configuration key '{key}' was removed: {why}")]
+    RemovedKey {
+        /// The key given.
+        key: String,
+        /// Why, and what does its job now.
+        why: &'static str,
+    },
     /// A value that does not parse or is out of range.
     #[error("bad value '{value}' for configuration key '{key}': {reason}")]
     BadValue {
@@ -119,18 +127,24 @@ pub const KEYS: &[Key] = &[
     key("experimental.mid_tier", "stream or extent", "extent", "Where mid-lived blocks go: the extent arena, or the driver's stream-ordered pool (`stream` selects `experimental.routing:generational` unless the routing is given)."),
     key("experimental.long_tier", "buddy or extent", "extent", "Where long-lived blocks go: the extent arena, or the exact-fit buddy (`buddy` selects `experimental.routing:generational` unless the routing is given)."),
     key("experimental.routing", "single, generational or extent", "single", "single: by size alone (slab-sized blocks to the slab, the rest to the extent arena), no prediction made; generational: by predicted lifetime too (the classifier on every call; what the experimental tiers and extent_generations need); extent: every block to the extent arena (PyTorch's private pools)."),
-    key("experimental.cache_max_bytes", "bytes", "0", "Exact-size stream-ordered front caches for extent and buddy blocks, up to this many bytes; 0 = none (one stream frees straight back)."),
     key("experimental.pool_release_threshold", "bytes or max", "max", "Release threshold of the driver pool (`experimental.mid_tier:stream`)."),
     key("experimental.short_horizon", "allocations", "64", "Classifier: allocations after which a live block is no longer short-lived."),
     key("experimental.mid_horizon", "allocations", "65536", "Classifier: allocations after which a live block is no longer mid-lived."),
     key("experimental.page_keep_old_mappings", "true/false", "true", "Leave a moved page's old mapping in place so the move can be undone with no driver call."),
     key("experimental.placement_candidates", "count, 0 to 64", "1", "Extent arena: how many best-fitting free extents to compare for the fewest new pages (0 or 1 = plain best fit)."),
     key("experimental.extent_generations", "true/false", "false", "One extent arena per predicted generation for the first stream (`true` selects `experimental.routing:generational` unless the routing is given)."),
-    key("experimental.stream_arenas", "true/false", "true", "Several streams: an extent arena for each stream after the first (up to four); false: every free through the stream caches."),
+    key("experimental.stream_arenas", "true/false", "true", "Several streams: an extent arena for each stream after the first (up to four); false: every stream allocates from the first stream's arena, ordered after the others' frees."),
     key("experimental.plan_pin", "true/false", "true", "Plans map each page of their range once and keep it while served; false: planned blocks commit their own pages."),
     key("experimental.plan_max_period", "large allocations, 16 to 1048576", "8192", "Longest period the planner looks for."),
     key("experimental.plan_min_moves", "fraction of the plan's footprint", "0.005", "Serve a ready plan only after two periods each moved this much in pages; 0 = as soon as ready."),
 ];
+
+/// Keys an earlier version accepted, with why they went ([`ConfigError::RemovedKey`]).
+pub const REMOVED: &[(&str, &str)] = &[(
+    "experimental.cache_max_bytes",
+    "the exact-size front caches lost on every trace measured (ratio and ns/op, docs/ARCHITECTURE.md \
+     'Front caches') and were removed; blocks freed on another stream are ordered by gen-vmm's Handoff",
+)];
 
 /// The configuration table of docs/CONFIG.md, rendered from [`KEYS`].
 pub fn table() -> String {
@@ -168,11 +182,6 @@ pub struct Config {
     pub limit: Option<u64>,
     /// Unmap pages as soon as they are unused (debugging use-after-free; slower).
     pub eager_unmap: bool,
-    /// Bound on bytes held in the exact-size stream-ordered front caches of the extent arena and the buddy
-    /// (0 = no front cache: freed blocks go straight back to their tier). Off by default: cached blocks
-    /// keep their pages, and on the shared traces a cache cost more in fragmentation and page moves
-    /// than it saved (docs/BENCHMARKS.md).
-    pub cache_max_bytes: u64,
     /// Release threshold of the mid tier's driver pool.
     pub pool_release_threshold: u64,
     /// Let the classifier use call-site tags when the caller provides them.
@@ -205,11 +214,10 @@ pub struct Config {
     pub extent_generations: bool,
     /// Several streams: give each stream after the first an extent arena of its own (up to four; later
     /// streams share one), so that a block freed on the stream that allocates from its arena goes straight
-    /// back to it — stream order makes that safe, as with one stream — instead of through the exact-size
-    /// stream caches, whose blocks keep their pages. Pages still flow between the arenas through the
-    /// page pool. With `extent_generations` the first stream keeps its three generation arenas. Off:
-    /// the first stream's arena(s) for every stream, every free through the caches once a second stream
-    /// is seen.
+    /// back to it — stream order makes that safe, as with one stream. Pages still flow between the arenas
+    /// through the page pool. With `extent_generations` the first stream keeps its three generation
+    /// arenas. Off: the first stream's arena(s) for every stream, each stream ordered on the device after
+    /// the frees of the others before it reuses their blocks (`gen_vmm::Handoff`).
     pub stream_arenas: bool,
     /// Periodic plans (gen-plan): detect a repeating allocation sequence (a training iteration), pack one
     /// period offline and serve it from one mapped range — no search, no page moves in steady state.
@@ -245,7 +253,6 @@ impl Default for Config {
             routing: Routing::Single,
             limit: None,
             eager_unmap: false,
-            cache_max_bytes: 0,
             pool_release_threshold: u64::MAX,
             use_site: true,
             short_horizon: ClassifierConfig::default().short_horizon().allocs,
@@ -393,7 +400,6 @@ impl Config {
             "page_keep_old_mappings" => {
                 self.page_keep_old_mappings = parse_bool(value).map_err(bad)?
             }
-            "cache_max_bytes" => self.cache_max_bytes = parse_bytes(value).map_err(bad)?,
             "pool_release_threshold" => {
                 self.pool_release_threshold = if value == "max" {
                     u64::MAX
@@ -439,6 +445,15 @@ impl Config {
             "page_slack_max" => self.page_slack_max = parse_fraction(value).map_err(bad)?,
             "move_budget" => self.move_budget = parse_fraction(value).map_err(bad)?,
             "page_slack" => self.page_slack = parse_fraction(value).map_err(bad)?,
+            _ if REMOVED.iter().any(|(k, _)| *k == key) => {
+                return Err(ConfigError::RemovedKey {
+                    key: key.to_string(),
+                    why: REMOVED
+                        .iter()
+                        .find(|(k, _)| *k == key)
+                        .map_or("", |(_, why)| why),
+                })
+            }
             _ => {
                 return Err(ConfigError::UnknownKey {
                     key: key.to_string(),
@@ -471,6 +486,16 @@ mod tests {
         assert_eq!(c.limit, Some(8 << 30));
         assert!(c.eager_unmap);
         assert_eq!(Config::parse("").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn removed_keys_say_why() {
+        let e = Config::parse("experimental.cache_max_bytes:64M").unwrap_err();
+        assert!(
+            matches!(e, ConfigError::RemovedKey { ref key, .. } if key == "experimental.cache_max_bytes"),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("Handoff"), "{e}");
     }
 
     #[test]
@@ -519,7 +544,7 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{}: {e}", k.name));
             assert_eq!(c, Config::default(), "{} default {}", k.name, k.default);
         }
-        assert_eq!(KEYS.len(), 23);
+        assert_eq!(KEYS.len(), 22);
         assert!(matches!(
             Config::parse("experimental.limit:1G"),
             Err(ConfigError::UnknownKey { .. })

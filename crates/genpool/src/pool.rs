@@ -8,8 +8,9 @@ use gen_classifier::{Classifier, ClassifierConfig, Features, Lifetime, Stamp};
 use gen_device::{Device, StreamId};
 use gen_plan::{PlanConfig, PlanServer, PlanServerConfig, Ticket};
 use gen_slab::{Slab, SlabConfig};
-use gen_stream::{DriverPool, DriverPoolConfig, StreamCache, StreamCacheConfig};
-use gen_vmm::{PagePool, PagePoolConfig, TierError, VmmError};
+use gen_stream::{DriverPool, DriverPoolConfig};
+use gen_vmm::{Handoff, PagePool, PagePoolConfig, TierError, VmmError};
+use parking_lot::Mutex;
 
 use crate::arenas::{Extents, ExtentsConfig, NO_STREAM};
 use crate::config::{Config, LongTier, MidTier, Routing};
@@ -114,13 +115,26 @@ pub struct Pool {
     cfg: Config,
     buddy: Buddy,
     stream: Option<DriverPool>,
-    extent_cache: StreamCache,
-    buddy_cache: StreamCache,
+    /// Who allocates from the buddy and who freed into it (`experimental.long_tier:buddy`; one region
+    /// all streams share).
+    buddy_handoff: Handoff,
+    /// Blocks freed while their ordering could not be made (a capture forbids the device calls), given
+    /// back at the first call after it; their bytes in `deferred_bytes`.
+    deferred: Mutex<Vec<Deferred>>,
+    deferred_bytes: AtomicU64,
     ooms: AtomicU64,
     retries: AtomicU64,
     invalid_frees: AtomicU64,
     /// See `Pool::mark_iteration`.
     headroom: Headroom,
+}
+
+/// A block freed during a capture whose ordering had to wait (see `Pool::give_back_deferred`).
+struct Deferred {
+    ptr: u64,
+    size: u64,
+    tier: Tier,
+    stream: StreamId,
 }
 
 /// VA of a stream's own arena, in multiples of the device's memory (the first stream's arena has eight:
@@ -151,13 +165,10 @@ struct Hot {
     routing: Routing,
     long_tier: LongTier,
     use_site: bool,
-    /// Whether freed extent and buddy blocks go through the exact-size stream caches by configuration.
-    caching: bool,
     /// Whether the stream-ordered tier exists.
     has_stream: bool,
-    /// A second stream has been seen: buddy frees, and extent frees other than a stream's own into its
-    /// own arena (`Config::stream_arenas`), then go through the stream caches, whose event-guarded
-    /// migration keeps a block freed on S from reaching T before S's work is done.
+    /// A second stream has been seen: plans stop, and the page pool and the slab keep per-stream fences
+    /// (a block's handoff orders streams whatever this says).
     multi_stream: AtomicBool,
     /// Per tier (the second line).
     tiers: [TierCounters; 4],
@@ -266,10 +277,6 @@ impl Pool {
         } else {
             None
         };
-        let cache_cfg = StreamCacheConfig {
-            max_cached_bytes: cfg.cache_max_bytes,
-            ..StreamCacheConfig::default()
-        };
         let hot = Hot {
             live: AtomicU64::new(0),
             live_peak: AtomicU64::new(0),
@@ -281,14 +288,14 @@ impl Pool {
             routing: cfg.routing,
             long_tier: cfg.long_tier,
             use_site: cfg.use_site,
-            caching: cfg.cache_max_bytes > 0,
             has_stream: stream.is_some(),
             multi_stream: AtomicBool::new(false),
             tiers: Default::default(),
         };
         Ok(Pool {
-            extent_cache: StreamCache::new(device.clone(), cache_cfg.clone()),
-            buddy_cache: StreamCache::new(device.clone(), cache_cfg),
+            buddy_handoff: Handoff::new(),
+            deferred: Mutex::new(Vec::new()),
+            deferred_bytes: AtomicU64::new(0),
             hot,
             device,
             headroom: Headroom::new(cfg.move_budget, cfg.page_slack_max),
@@ -354,6 +361,7 @@ impl Pool {
             self.pages.set_fence_stream(Some(stream));
             self.slab.set_one_stream(true);
             self.extents.set_first_stream(stream);
+            self.buddy_handoff.seed(stream);
             return;
         }
         if self.hot.solo_stream.load(Relaxed) != stream
@@ -405,12 +413,6 @@ impl Pool {
         if self.hot.routing == Routing::Generational {
             self.classifier.on_free(stamp, size);
         }
-    }
-
-    /// Whether freed extent/buddy blocks go through the stream caches now.
-    #[inline]
-    fn caching_now(&self) -> bool {
-        self.hot.caching || self.hot.multi_stream.load(Ordering::SeqCst)
     }
 
     fn route(&self, size: u64, class: Lifetime) -> Tier {
@@ -529,44 +531,21 @@ impl Pool {
         size: u64,
         stream: StreamId,
     ) -> Result<(u64, Tier)> {
-        // Hot path: a cached block of exactly this size, safe on this stream.
-        let cached = match tier {
-            _ if !self.caching_now() => None,
-            Tier::Extent => self.extent_cache.take(size, stream),
-            Tier::Buddy => self.buddy_cache.take(size, stream),
-            _ => None,
-        };
-        if let Some(p) = cached {
-            return Ok((p, tier));
-        }
         // 1. By default without growing the page pool: a free page mapped elsewhere is moved rather than
-        //    a new one created, and cached blocks are given back before the pool grows. With `page_slack`
-        //    (and no cached blocks) the page pool itself chooses: create within the headroom, else move.
-        let caches_hold_pages = self.caching_now()
-            && self.extent_cache.cached_bytes() + self.buddy_cache.cached_bytes() > 0;
-        let grow_first = self.pages.slack() > 0.0 && !caches_hold_pages;
+        //    a new one created. With `page_slack` the page pool itself chooses: create within the
+        //    headroom, else move.
+        let grow_first = self.pages.slack() > 0.0;
         match self.attempt(tier, class, size, stream, grow_first) {
             Ok(pt) => return Ok(pt),
             Err(e) if e.is_fault() => return Err(e.into()),
             Err(_) => {}
         }
-        // 2. Give cached blocks back to their tiers, largest first, a growing amount at a time, so that
-        //    their pages can serve this request; stop as soon as it fits. A partial drain keeps the
-        //    small, hot sizes cached and the layout of the rest stable (no page churn).
-        let mut want = size.max(self.pages.page_size());
-        loop {
-            let cached = self.extent_cache.cached_bytes() + self.buddy_cache.cached_bytes();
-            if cached == 0 {
-                break;
-            }
-            if self.drain_caches(want) == 0 {
-                // What is cached cannot be made safe now (its streams are busy): grow instead.
-                break;
-            }
+        // 2. Blocks whose free waited for a capture to end, if it has.
+        if self.give_back_deferred() > 0 {
             match self.attempt(tier, class, size, stream, false) {
                 Ok(pt) => return Ok(pt),
                 Err(e) if e.is_fault() => return Err(e.into()),
-                Err(_) => want = want.saturating_mul(2),
+                Err(_) => {}
             }
         }
         // 3. Empty slab chunks (those free without a synchronize), then grow.
@@ -601,30 +580,26 @@ impl Pool {
         }
     }
 
-    /// Return at least `bytes` of cached blocks (largest first; `u64::MAX` = all) to their tiers, the
-    /// extent arena's first, each made safe first (its freeing stream synchronized). Returns the bytes
-    /// returned.
-    fn drain_caches(&self, bytes: u64) -> u64 {
+    /// Free the blocks whose free waited for a capture to end, now that none is underway (each ordered
+    /// as its free would have been). Returns the bytes given back to their tiers.
+    fn give_back_deferred(&self) -> u64 {
+        if self.deferred_bytes.load(Relaxed) == 0 || self.device.captures().active() {
+            return 0;
+        }
+        let blocks = std::mem::take(&mut *self.deferred.lock());
         let mut done = 0u64;
-        let caches: [(&StreamCache, &dyn Fn(u64)); 2] = [
-            (&self.extent_cache, &|p| {
-                if let Err(e) = self.extents.free(p, 0) {
-                    log::error!("genpool: returning a cached block to the extent arena: {e}");
+        for d in blocks {
+            match self.tier_free(d.tier, d.ptr, d.stream) {
+                Ok(()) => {
+                    done += d.size;
+                    self.deferred_bytes.fetch_sub(d.size, Relaxed);
                 }
-            }),
-            (&self.buddy_cache, &|p| {
-                if let Err(e) = self.buddy.free(p) {
-                    log::error!("genpool: returning a cached block to the buddy: {e}");
+                Err(TierError::Vmm(VmmError::Capturing(_))) => self.deferred.lock().push(d),
+                Err(e) => {
+                    // The block stays out of its tier (it cannot be reused unordered); counted as held.
+                    log::error!("genpool: freeing {:#x} after a capture: {e}", d.ptr);
+                    self.deferred.lock().push(d);
                 }
-            }),
-        ];
-        for (cache, free) in caches {
-            if done >= bytes {
-                break;
-            }
-            match cache.drain_at_least(bytes - done, &mut |p, _| free(p)) {
-                Ok(n) => done += n,
-                Err(e) => log::error!("genpool: draining a stream cache: {e}"),
             }
         }
         done
@@ -675,6 +650,11 @@ impl Pool {
             first_stream: self.hot.solo_stream.load(Relaxed),
             grow,
         };
+        if tier == Tier::Buddy {
+            self.buddy_handoff
+                .enter(&self.pages, stream)
+                .map_err(TierError::Vmm)?;
+        }
         match self.tier(tier).alloc(&req) {
             Ok(p) => Ok((p, tier)),
             Err(TierError::Exhausted { .. }) if tier == Tier::Slab => {
@@ -695,7 +675,7 @@ impl Pool {
         if self.device.captures().active() {
             return;
         }
-        self.drain_caches(u64::MAX);
+        self.give_back_deferred();
         if hard {
             self.slab.trim();
         } else if let Err(e) = self.slab.reclaim_idle() {
@@ -758,6 +738,9 @@ impl Pool {
             self.hot.large_since_free.store(0, Relaxed);
         }
         self.note_stream(stream);
+        if self.hot.multi_stream.load(Relaxed) && self.deferred_bytes.load(Relaxed) != 0 {
+            self.give_back_deferred();
+        }
         self.learn(&meta.stamp, size);
         let res = match meta.tier {
             Tier::Extent if meta.ticket.is_planned() => {
@@ -767,28 +750,27 @@ impl Pool {
                 self.plan_free(meta.ticket, Some((ptr, size)));
                 Ok(())
             }
-            Tier::Extent => {
-                self.plan_free(meta.ticket, None);
-                // Several streams: back to the arena that only `stream` allocates from, when the block is
-                // there — stream order makes its reuse safe at once, as with one stream (no cache holding
-                // the block's pages). One stream: `cache_or_free` frees straight back anyway.
-                let home = if self.hot.multi_stream.load(Ordering::Acquire) && !self.hot.caching {
-                    self.extents
-                        .home_arena(ptr, stream, self.hot.solo_stream.load(Relaxed))
-                } else {
-                    None
-                };
-                match home {
-                    Some(a) => a.free(ptr).map(|_| ()).map_err(GenpoolError::from),
-                    None => self.cache_or_free(&self.extent_cache, ptr, size, stream, |p| {
-                        self.extents.free(p, stream).map_err(GenpoolError::from)
-                    }),
+            t => {
+                if t == Tier::Extent {
+                    self.plan_free(meta.ticket, None);
+                }
+                match self.tier_free(t, ptr, stream) {
+                    Err(TierError::Vmm(VmmError::Capturing(why))) => {
+                        // The block's reuse by another stream would need an ordering a capture forbids:
+                        // it goes back to its tier at the first call after the capture.
+                        log::debug!("genpool: free of {ptr:#x} deferred during a capture ({why})");
+                        self.deferred.lock().push(Deferred {
+                            ptr,
+                            size,
+                            tier: t,
+                            stream,
+                        });
+                        self.deferred_bytes.fetch_add(size, Relaxed);
+                        Ok(())
+                    }
+                    r => r.map_err(GenpoolError::from),
                 }
             }
-            Tier::Buddy => self.cache_or_free(&self.buddy_cache, ptr, size, stream, |p| {
-                TierAlloc::free(&self.buddy, p, stream).map_err(GenpoolError::from)
-            }),
-            t => TierAlloc::free(self.tier(t), ptr, stream).map_err(GenpoolError::from),
         };
         if let Err(e) = res {
             // The tier refused a block our table said was live: an internal inconsistency. Keep the
@@ -803,28 +785,26 @@ impl Pool {
         Ok(LiveBlock::of(ptr, &meta))
     }
 
-    fn cache_or_free(
+    /// Give a block back to its tier. A block of a range several streams use goes back only once the
+    /// range's other allocators are ordered after `stream` (its handoff); that ordering's
+    /// [`VmmError::Capturing`] leaves the block out.
+    fn tier_free(
         &self,
-        cache: &StreamCache,
+        tier: Tier,
         ptr: u64,
-        size: u64,
         stream: StreamId,
-        free: impl FnOnce(u64) -> Result<()>,
-    ) -> Result<()> {
-        if !self.caching_now() {
-            return free(ptr);
-        }
-        match cache.put(ptr, size, stream) {
-            Ok(()) => Ok(()),
-            Err(_) if self.hot.multi_stream.load(Ordering::SeqCst) => {
-                // Over the cache's bound, but the tier could hand the block to another stream while work
-                // queued on `stream` still uses it: keep it cached (past the bound) until a drain makes it
-                // safe, rather than block this free on the stream.
-                cache.put_over_bound(ptr, size, stream);
-                Ok(())
+    ) -> std::result::Result<(), TierError> {
+        match tier {
+            // One stream: every free is on the first stream, the sole allocator (`note_stream` raised
+            // `multi_stream` before any other stream's free got here).
+            Tier::Extent if !self.hot.multi_stream.load(Relaxed) => self.extents.free_solo(ptr),
+            Tier::Buddy => {
+                self.buddy_handoff
+                    .freed(&self.pages, stream)
+                    .map_err(TierError::Vmm)?;
+                self.buddy.free(ptr).map(|_| ())
             }
-            // One stream: stream order makes the tier's reuse safe.
-            Err(_) => free(ptr),
+            t => TierAlloc::free(self.tier(t), ptr, stream),
         }
     }
 
@@ -891,11 +871,6 @@ impl Pool {
             t.live_peak.store(t.live.load(Relaxed), Relaxed);
         }
         self.pages.reset_peak();
-    }
-
-    /// Counters of the extent arena's and the buddy's front caches.
-    pub fn cache_stats(&self) -> [gen_stream::StreamCacheStats; 2] {
-        [self.extent_cache.stats(), self.buddy_cache.stats()]
     }
 
     /// Bytes live (allocated and not freed).
@@ -1010,7 +985,7 @@ impl Pool {
             num_ooms: self.ooms.load(Relaxed),
             num_alloc_retries: self.retries.load(Relaxed),
             num_invalid_frees: self.invalid_frees.load(Relaxed),
-            cached_bytes: self.extent_cache.cached_bytes() + self.buddy_cache.cached_bytes(),
+            cached_bytes: self.deferred_bytes.load(Relaxed),
             page_slack: self.pages.slack(),
             pages,
             tiers: Tier::ALL

@@ -16,12 +16,12 @@ use genpool::replay::EngineReplay;
 use genpool::{Config, Pool};
 
 /// The configurations pinned: the default (packing on the allocating thread, so that results depend only
-/// on the allocation sequence), and one that routes through every other tier and the stream caches.
+/// on the allocation sequence), and one that routes through every other tier.
 const CONFIGS: &[(&str, &str)] = &[
     ("default", "plan_background:false"),
     (
         "tiers",
-        "plan_background:false,experimental.routing:generational,experimental.long_tier:buddy,experimental.mid_tier:stream,experimental.cache_max_bytes:1G,experimental.extent_generations:true,slab_max_size:64K",
+        "plan_background:false,experimental.routing:generational,experimental.long_tier:buddy,experimental.mid_tier:stream,experimental.extent_generations:true,slab_max_size:64K",
     ),
 ];
 

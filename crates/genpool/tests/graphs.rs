@@ -275,3 +275,40 @@ fn a_peer_device_gets_access_to_every_page_mapped_now_and_later() {
         pools.free(blk.ptr, 0).unwrap();
     }
 }
+
+/// A block handed to another stream and freed there during a capture (the ordering its arena's stream
+/// would need — an event on the capturing stream — is what a capture forbids): the free succeeds, the
+/// block waits out of its arena (counted in `cached_bytes`), and the first call after the capture gives
+/// it back with the ordering made then. The capture stays valid; nothing is lost.
+#[test]
+fn a_foreign_free_during_a_capture_waits_for_its_end() {
+    let dev = sim(GIB, false);
+    let pool = pool_on(&dev, Config::default());
+    let (s, t) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
+    for st in [s, t] {
+        let b = pool.alloc(512, st, Hint::NONE).unwrap();
+        pool.free(b.ptr, st).unwrap();
+    }
+    let a = pool.alloc(8 * MIB, s, Hint::NONE).unwrap();
+    begin(&dev, t);
+    pool.free(a.ptr, t).unwrap();
+    assert_eq!(pool.allocated(), 0, "freed for the caller");
+    assert_eq!(
+        pool.stats().cached_bytes,
+        a.size,
+        "held until the capture ends"
+    );
+    end(&dev);
+    let waits = dev.call_counts().stream_waits;
+    // The next call after the capture gives it back (ordering s after t then).
+    let b = pool.alloc(512, t, Hint::NONE).unwrap();
+    pool.free(b.ptr, t).unwrap();
+    assert_eq!(pool.stats().cached_bytes, 0);
+    assert!(dev.call_counts().stream_waits > waits, "s ordered after t");
+    let again = pool.alloc(8 * MIB, s, Hint::NONE).unwrap();
+    assert_eq!(again.ptr, a.ptr, "back in s's arena");
+    pool.free(again.ptr, s).unwrap();
+    dev.synchronize().unwrap();
+    pool.trim();
+    assert_eq!(pool.reserved_now(), 0);
+}

@@ -769,14 +769,15 @@ fn prop_all_tiers() {
     );
 }
 
-/// Bounded front caches (overflowing: see `cache_overflow_free_is_stream_ordered`) and long-lived
-/// blocks in the buddy: the stream-ordered caches under pauses and exhaustion.
+/// Ranges every stream shares — long-lived blocks in the buddy, and one extent arena for all streams
+/// (`stream_arenas:false`) — under pauses and exhaustion: their handoffs order each stream after the
+/// others' frees.
 #[test]
-fn prop_front_caches() {
+fn prop_shared_handoffs() {
     run(
-        "prop_front_caches",
+        "prop_shared_handoffs",
         Setup {
-            conf: "experimental.routing:generational,experimental.cache_max_bytes:48M,experimental.long_tier:buddy",
+            conf: "experimental.routing:generational,experimental.stream_arenas:false,experimental.long_tier:buddy",
             capacity: 384 * MIB,
             backed: false,
             huge: true,
@@ -791,7 +792,7 @@ fn prop_backed_patterns() {
     run(
         "prop_backed_patterns",
         Setup {
-            conf: "experimental.routing:generational,experimental.mid_tier:stream,experimental.long_tier:buddy,slab_max_size:64K,experimental.cache_max_bytes:16M",
+            conf: "experimental.routing:generational,experimental.mid_tier:stream,experimental.long_tier:buddy,slab_max_size:64K",
             capacity: 256 * MIB,
             backed: true,
             huge: false,
@@ -800,36 +801,38 @@ fn prop_backed_patterns() {
     );
 }
 
-/// Regression (issue #6, found by the proptest): with a bounded front cache (`cache_max_bytes`), a free
-/// that would overflow the cache went straight back to the extent arena with no stream ordering, so
-/// another stream could be handed the block while work queued on the freeing stream might still use it.
+/// A block allocated on `s` and freed on `t` (its last user: PyTorch's `record_stream`, a hand-off)
+/// goes straight back to `s`'s arena, but only once `s` waits on the device for `t`'s work so far: `s`
+/// may reuse it at once, and never before `t`'s queued work is done. (Before session 10 such frees went
+/// through exact-size front caches; issue #6's regressions were in them.)
 #[test]
-fn cache_overflow_free_is_stream_ordered() {
+fn foreign_free_orders_the_home_stream_after_the_freeing_stream() {
     let dev = Arc::new(SimDevice::config().capacity(GIB).build().unwrap());
-    let pool = Pool::new(
-        dev.clone() as Arc<dyn Device>,
-        Config::parse("experimental.cache_max_bytes:4M").unwrap(),
-    )
-    .unwrap();
+    let pool = Pool::new(dev.clone() as Arc<dyn Device>, Config::default()).unwrap();
     let (s, t) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
     see_streams(&pool, &[s, t]);
-    let short = Hint {
-        lifetime: Some(Lifetime::Short),
-        site: None,
-    };
-    let a = pool.alloc(8 * MIB, s, short).unwrap();
-    // A kernel on `s` still uses `a` when it is freed.
+    let a = pool.alloc(8 * MIB, s, Hint::NONE).unwrap();
+    // A kernel on `t` still uses `a` when it is freed there.
     let ev = dev.event_create().unwrap();
-    dev.pause_stream(s).unwrap();
-    dev.event_record(ev, s).unwrap();
-    pool.free(a.ptr, s).unwrap();
-    let b = pool.alloc(8 * MIB, t, short).unwrap();
-    let overlap = b.ptr < a.ptr + a.size && a.ptr < b.ptr + b.size;
-    dev.resume_stream(s).unwrap();
-    assert!(
-        !overlap,
-        "{b:?} on stream t reuses {a:?} freed on busy stream s"
+    dev.pause_stream(t).unwrap();
+    dev.event_record(ev, t).unwrap();
+    assert!(!dev.waits_on(s, t));
+    let before = dev.call_counts();
+    pool.free(a.ptr, t).unwrap();
+    let after = dev.call_counts();
+    assert!(dev.waits_on(s, t), "s is ordered after t's work");
+    assert_eq!(after.waits, before.waits, "no host wait");
+    let b = pool.alloc(8 * MIB, s, Hint::NONE).unwrap();
+    assert_eq!(
+        b.ptr, a.ptr,
+        "s reuses the block at once (its arena, best fit)"
     );
+    dev.resume_stream(t).unwrap();
+    dev.event_destroy(ev).unwrap();
+    pool.free(b.ptr, s).unwrap();
+    dev.synchronize().unwrap();
+    pool.trim();
+    assert_eq!(pool.reserved_now(), 0);
 }
 
 /// Regression (issue #6, found by the proptest): a front cache that had seen one stream only handed its
@@ -866,18 +869,19 @@ fn cache_solo_drain_is_stream_ordered() {
     let _ = pool.alloc(846, t, mid);
     let b = pool.alloc(490, t, long).unwrap();
     let overlap = b.ptr < a.ptr + a.size && a.ptr < b.ptr + b.size;
+    let ordered = dev.waits_on(t, s);
     dev.resume_stream(s).unwrap();
     assert!(
-        !overlap,
-        "{b:?} on stream t reuses {a:?} freed on busy stream s"
+        !overlap || ordered,
+        "{b:?} on stream t reuses {a:?} freed on busy stream s without waiting for it"
     );
 }
 
 /// Stream arenas (the default): a large block freed on the stream that allocated it goes straight back
 /// to that stream's arena — no cache holds its pages — and the stream reuses it at once (stream order),
 /// while another stream, allocating from its own arena, never gets it while work queued on the freeing
-/// stream may still use it. A block freed on another stream than its arena's goes through the stream
-/// cache.
+/// stream may still use it. A block freed on another stream than its arena's orders the arena's stream
+/// after the freeing one before it can be reused.
 #[test]
 fn stream_arenas_reuse_within_a_stream_and_never_across_it_early() {
     // With one arena for the first stream, or its three generation arenas.
@@ -904,8 +908,14 @@ fn stream_arenas_case(conf: &str) {
         let ev = dev.event_create().unwrap();
         dev.pause_stream(home).unwrap();
         dev.event_record(ev, home).unwrap();
+        let before = dev.call_counts();
         pool.free(a.ptr, home).unwrap();
-        assert_eq!(pool.cache_stats()[0].puts, 0, "freed straight to its arena");
+        let after = dev.call_counts();
+        assert_eq!(
+            (after.event_records, after.stream_waits),
+            (before.event_records, before.stream_waits),
+            "freed straight to its own arena, no device call"
+        );
         let b = pool.alloc(8 * MIB, other, short).unwrap();
         assert!(
             !(b.ptr < a.ptr + a.size && a.ptr < b.ptr + b.size),
@@ -921,10 +931,21 @@ fn stream_arenas_case(conf: &str) {
         pool.free(b.ptr, other).unwrap();
         pool.free(again.ptr, home).unwrap();
     }
-    // Allocated on `s`, last used (and freed) on `t`: through the cache, never straight back.
+    // Allocated on `s`, last used (and freed) on a busy `t`: `s` may have it again only after `t`.
     let c = pool.alloc(8 * MIB, s, short).unwrap();
+    let ev = dev.event_create().unwrap();
+    dev.pause_stream(t).unwrap();
+    dev.event_record(ev, t).unwrap();
     pool.free(c.ptr, t).unwrap();
-    assert_eq!(pool.cache_stats()[0].puts, 1);
+    let d = pool.alloc(8 * MIB, s, short).unwrap();
+    let overlap = d.ptr < c.ptr + c.size && c.ptr < d.ptr + d.size;
+    assert!(
+        !overlap || dev.waits_on(s, t),
+        "{d:?} on s reuses {c:?} freed on busy t without waiting for it"
+    );
+    dev.resume_stream(t).unwrap();
+    dev.event_destroy(ev).unwrap();
+    pool.free(d.ptr, s).unwrap();
     dev.synchronize().unwrap();
     assert_eq!(pool.allocated(), 0);
     pool.trim();

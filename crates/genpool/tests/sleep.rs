@@ -287,10 +287,13 @@ fn several_streams_and_their_arenas_sleep_and_wake() {
         fill(&dev, b.ptr, b.size, 100 + i as u64);
         live.push((b, s, 100 + i as u64));
     }
-    // A block freed on another stream than its own arena's waits in a stream cache.
+    // A block freed on another stream than its own arena's goes back at once, its arena's stream
+    // ordered after the freeing one.
     let (b, _, _) = live.remove(1);
+    let waits = dev.call_counts().stream_waits;
     pool.free(b.ptr, s2).unwrap();
-    assert!(pool.stats().cached_bytes > 0);
+    assert_eq!(pool.stats().cached_bytes, 0);
+    assert_eq!(dev.call_counts().stream_waits, waits + 1, "s1 waits for s2");
     pool.sleep(OFFLOAD).unwrap();
     let s = pool.stats();
     assert_eq!(
@@ -499,6 +502,6 @@ proptest! {
     fn sleep_and_wake_with_old_mappings_off_and_eager_caches(
         ops in proptest::collection::vec(op(), 1..60)
     ) {
-        run(ops, Config::parse("experimental.page_keep_old_mappings:false,experimental.cache_max_bytes:64MiB").unwrap())?;
+        run(ops, Config::parse("experimental.page_keep_old_mappings:false,experimental.stream_arenas:false").unwrap())?;
     }
 }

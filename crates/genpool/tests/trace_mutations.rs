@@ -48,7 +48,7 @@ const GIB: u64 = 1 << 30;
 const CONFS: [&str; 3] = [
     "",
     "experimental.mid_tier:stream,experimental.long_tier:buddy,slab_max_size:1M",
-    "experimental.cache_max_bytes:48M,experimental.long_tier:buddy",
+    "experimental.stream_arenas:false,experimental.long_tier:buddy",
 ];
 
 /// Trace files, smallest first.
