@@ -244,8 +244,9 @@ def mark_iteration(device: Any = None) -> None:
 
 class step(contextlib.ContextDecorator):
     """Mark one training iteration: ``with genpool_torch.step(): ...`` or ``@genpool_torch.step()``.
-    The iteration is marked on exit (also when the body raises). The engine uses the marks to learn the
-    period and to keep page moves within its move budget (``move_budget``, ``page_slack_max``)."""
+    The iteration is marked on exit (also when the body raises). The engine uses the marks for the lifetime
+    classifier's position in the iteration (its only source: the classifier detects no period itself) and
+    to keep page moves within its move budget (``move_budget``, ``page_slack_max``)."""
 
     def __init__(self, device: Any = None):
         self.device = device

@@ -1,6 +1,10 @@
 //! Evaluates the classifier on the real traces in `benches/traces` (or `$GENPOOL_TRACES`), with and
 //! without call sites, and times on_alloc + on_free.
 //!
+//! Each trace is replayed once, marked as one iteration at its start (`common::replay`, as the engine's
+//! replays mark each pass): the traces carry no iteration boundaries, so the classifier has no period
+//! here and the position in the iteration plays no part (it comes only from iteration marks).
+//!
 //! `cargo run --release -p gen-classifier --example eval [-- TRACE...]`
 
 #[path = "../tests/common/mod.rs"]
@@ -68,7 +72,7 @@ fn main() {
     }
 }
 
-/// Config overrides for tuning: `GC="phase=8,sub=3,decay=0.75,short=64,mid=65536,burst=16,votes=16,minsize=0"`.
+/// Config overrides for tuning: `GC="phase=8,sub=3,decay=0.75,short=64,mid=65536,burst=16,minsize=0"`.
 fn cfg_from_env() -> ClassifierConfig {
     let mut b = ClassifierConfig::builder();
     for kv in std::env::var("GC")
@@ -91,11 +95,13 @@ fn cfg_from_env() -> ClassifierConfig {
                 bytes: u64::MAX,
             }),
             "burst" => b.prior_burst_allocs(n as u64),
-            "votes" => b.period_votes(n as u32),
             "minsize" => b.prior_long_min_size(n as u64),
-            "detect" => b.detect_period(n != 0.0),
             "sample" => b.sample_every(n as u32),
             "warm" => b.track_below(n as u32),
+            "votes" | "detect" => panic!(
+                "GC key {k} was removed: the classifier no longer detects a period (its phase \
+                 comes only from iteration marks; docs/ARCHITECTURE.md, \"Periodic plans\")"
+            ),
             _ => panic!("unknown key {k}"),
         };
     }

@@ -49,14 +49,6 @@ pub enum ConfigError {
     /// `sample_every` is not a power of two in `1..=256`, or `track_below` is above 255.
     #[error("sample_every must be a power of two in 1..=256 and track_below at most 255, got {0}")]
     Sampling(u32),
-    /// `period_min` is below 8, or `period_votes` is 0.
-    #[error("period detection needs period_min >= 8 and period_votes >= 1 (got {min}, {votes})")]
-    Period {
-        /// The rejected minimum period.
-        min: u64,
-        /// The rejected vote threshold.
-        votes: u32,
-    },
 }
 
 /// Configuration of a [`Classifier`](crate::Classifier). Build it with [`ClassifierConfig::builder`]
@@ -76,16 +68,10 @@ pub struct ClassifierConfig {
     pub(crate) max_probes: u32,
     /// Sub-buckets per power of two in the size bucket (as bits). Default 2 (four per octave).
     pub(crate) size_sub_bits: u32,
-    /// Position-in-iteration buckets once a period is known (1 = position ignored). Default 8.
+    /// Position-in-iteration buckets once marks give a period (1 = position ignored). Default 8.
     pub(crate) phase_buckets: u32,
     /// Whether the call-site tag takes part in the key. Default true.
     pub(crate) use_site: bool,
-    /// Whether the period is detected from the allocation stream (marks always win). Default true.
-    pub(crate) detect_period: bool,
-    /// Smallest period (allocations) the detector accepts. Default 64.
-    pub(crate) period_min: u64,
-    /// Confirmations a candidate period needs before it is adopted. Default 16.
-    pub(crate) period_votes: u32,
     /// An unseen key allocated after at least this many allocations without a free (or before the first
     /// free of the run) is predicted Long: weights and optimizer state are created in such bursts.
     /// Default 16; 0 disables.
@@ -120,9 +106,6 @@ impl Default for ClassifierConfig {
             size_sub_bits: 2,
             phase_buckets: 8,
             use_site: true,
-            detect_period: true,
-            period_min: 64,
-            period_votes: 16,
             prior_burst_allocs: 16,
             prior_long_min_size: 0,
             drift_min_obs: 4,
@@ -206,7 +189,8 @@ impl ClassifierConfigBuilder {
         self.cfg.size_sub_bits = b;
         self
     }
-    /// Position-in-iteration buckets, `1..=64` (default 8; 1 ignores the position).
+    /// Position-in-iteration buckets, `1..=64` (default 8; 1 ignores the position). The position is
+    /// counted from the latest [`Classifier::mark_iteration`](crate::Classifier::mark_iteration).
     pub fn phase_buckets(mut self, n: u32) -> Self {
         self.cfg.phase_buckets = n;
         self
@@ -214,21 +198,6 @@ impl ClassifierConfigBuilder {
     /// Whether the call-site tag is part of the key (default true).
     pub fn use_site(mut self, on: bool) -> Self {
         self.cfg.use_site = on;
-        self
-    }
-    /// Whether to detect the iteration period from the allocation stream (default true).
-    pub fn detect_period(mut self, on: bool) -> Self {
-        self.cfg.detect_period = on;
-        self
-    }
-    /// Smallest detectable period in allocations, at least 8 (default 64).
-    pub fn period_min(mut self, n: u64) -> Self {
-        self.cfg.period_min = n;
-        self
-    }
-    /// Confirmations before a detected period is adopted, at least 1 (default 16).
-    pub fn period_votes(mut self, n: u32) -> Self {
-        self.cfg.period_votes = n;
         self
     }
     /// Allocations without a free after which unseen keys are predicted Long (default 16; 0 disables).
@@ -290,12 +259,6 @@ impl ClassifierConfigBuilder {
         }
         if c.track_below > 255 {
             return Err(ConfigError::Sampling(c.track_below));
-        }
-        if c.period_min < 8 || c.period_votes == 0 {
-            return Err(ConfigError::Period {
-                min: c.period_min,
-                votes: c.period_votes,
-            });
         }
         Ok(c)
     }

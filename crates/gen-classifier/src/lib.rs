@@ -2,13 +2,13 @@
 //!
 //! # What it sees
 //! Only what an allocator receives ([`Features`]): size, device, stream, optionally a call-site tag and
-//! an explicit hint, plus the allocation's position in the current iteration (from [`Classifier::mark_iteration`]
-//! or a detected period). Two clocks advance on every allocation: the *alloc clock* (allocations so far)
-//! and the *byte clock* (bytes allocated so far). A block's lifetime is measured on both, from its
-//! allocation to its free, and is [`Short`](Lifetime::Short) if it fits the short [`Horizon`],
-//! [`Mid`](Lifetime::Mid) if it fits the mid horizon, [`Long`](Lifetime::Long) otherwise; blocks still
-//! live at [`Classifier::finish`] that are older than the short horizon score as Long (they lived for the
-//! run).
+//! an explicit hint, plus the allocation's position in the current iteration (from
+//! [`Classifier::mark_iteration`]; with no marks the position plays no part). Two clocks advance on
+//! every allocation: the *alloc clock* (allocations so far) and the *byte clock* (bytes allocated so
+//! far). A block's lifetime is measured on both, from its allocation to its free, and is
+//! [`Short`](Lifetime::Short) if it fits the short [`Horizon`], [`Mid`](Lifetime::Mid) if it fits the
+//! mid horizon, [`Long`](Lifetime::Long) otherwise; blocks still live at [`Classifier::finish`] that are
+//! older than the short horizon score as Long (they lived for the run).
 //!
 //! # How it predicts
 //! The key is `(size bucket, stream, device, site-or-none, position-in-iteration bucket)`, hashed into a
@@ -32,23 +32,26 @@
 //!
 //! # Concurrency
 //! All methods take `&self`; state is atomics updated with compare-and-swap (no locks on the prediction
-//! path). The period detector is behind a mutex taken only with `try_lock`: under contention a sample is
-//! skipped, never waited for.
+//! path).
+//!
+//! # No period detection
+//! The iteration comes only from marks: the engine marks from `Pool::mark_iteration` (PyTorch's
+//! `genpool_torch.step()`) and at each replay pass (`Pool::mark_pass`). The engine's one period detector
+//! is gen-plan's (its periodic plans); this crate's own k-gram detector was removed (issue 20): with
+//! call sites it bought nothing on the four traces (docs/ARCHITECTURE.md, "Periodic plans").
 
 #![warn(missing_docs)]
 
 mod config;
 mod confusion;
-mod period;
 mod state;
 
 pub use config::{ClassifierConfig, ClassifierConfigBuilder, ConfigError, Horizon};
 pub use confusion::Confusion;
 
 use confusion::AtomicConfusion;
-use period::Detector;
 use state::{observe_atomic, EpochBuckets, KeyState};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A predicted or observed lifetime class.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -196,8 +199,6 @@ pub struct ClassifierStats {
     pub drift_events: u64,
     /// Blocks live at `finish` that were too young to be scored.
     pub censored: u64,
-    /// Times the detected period was adopted or changed.
-    pub period_changes: u64,
     /// Predictions that came from a hint.
     pub hinted: u64,
 }
@@ -213,7 +214,6 @@ struct AtomicStats {
     misses_corrected: AtomicU64,
     drift_events: AtomicU64,
     censored: AtomicU64,
-    period_changes: AtomicU64,
     hinted: AtomicU64,
 }
 
@@ -259,8 +259,9 @@ pub struct Classifier {
     // these over four or five lines behind the configuration's.
     // Line 0.
     alloc_clock: AtomicU64,
-    /// `(phase_buckets << 32) / period` (0 while no period is known): the phase bucket of a position
-    /// `pos < period` is `pos * phase_scale >> 32`, a multiply instead of a division per allocation.
+    /// `(phase_buckets << 32) / period` (0 until two marks have given a period): the phase bucket of a
+    /// position `pos < period` is `pos * phase_scale >> 32`, a multiply instead of a division per
+    /// allocation.
     phase_scale: AtomicU64,
     last_free: AtomicU64,
     period: AtomicU64,
@@ -269,9 +270,7 @@ pub struct Classifier {
     mask: usize,
     // Line 1: what every allocation reads, then what tracked allocations and frees read.
     byte_clock: AtomicU64,
-    marked: AtomicBool,
     use_site: bool,
-    detect_period: bool,
     /// Whether a horizon bounds bytes (else the byte clock is not kept).
     use_bytes: bool,
     size_sub_bits: u32,
@@ -292,7 +291,6 @@ pub struct Classifier {
     coarse: Box<[AtomicU64]>,
     last_mark: AtomicU64,
     cfg: ClassifierConfig,
-    detector: Detector,
     confusion: AtomicConfusion,
     stats: AtomicStats,
 }
@@ -314,7 +312,6 @@ impl Classifier {
         let coarse = (0..512).map(|_| AtomicU64::new(0)).collect();
         Self {
             use_site: cfg.use_site,
-            detect_period: cfg.detect_period,
             size_sub_bits: cfg.size_sub_bits,
             phase_buckets: cfg.phase_buckets,
             max_probes: cfg.max_probes,
@@ -335,10 +332,8 @@ impl Classifier {
             byte_clock: AtomicU64::new(0),
             period: AtomicU64::new(0),
             origin: AtomicU64::new(0),
-            marked: AtomicBool::new(false),
             last_mark: AtomicU64::new(u64::MAX),
             last_free: AtomicU64::new(u64::MAX),
-            detector: Detector::new(cfg.period_min, cfg.period_votes),
             short_shift: epoch_shift(cfg.short.allocs),
             mid_shift: epoch_shift(cfg.mid.allocs),
             confusion: AtomicConfusion::default(),
@@ -369,29 +364,14 @@ impl Classifier {
             return 0;
         }
         let p = self.period.load(Ordering::Relaxed);
-        let origin = self.origin.load(Ordering::Relaxed);
-        let d = clock.wrapping_sub(origin);
-        let pos = if d < p {
-            d
-        } else if self.marked.load(Ordering::Relaxed) {
-            // Iterations may run longer than the last one: clamp into the last bucket.
-            p - 1
-        } else {
-            // A detected period: move the origin to the start of the current period (a division once a
-            // period, not per allocation). Racing threads store the same value.
-            let pos = d % p;
-            let _ = self.origin.compare_exchange(
-                origin,
-                clock - pos,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            );
-            pos
-        };
-        (pos * scale) >> 32
+        let d = clock.wrapping_sub(self.origin.load(Ordering::Relaxed));
+        // Iterations may run longer than the last one: clamp into the last bucket. (A racing mark may
+        // store the origin after the clock was read: `d` wraps and clamps too.)
+        let pos = d.min(p.saturating_sub(1));
+        pos.wrapping_mul(scale) >> 32
     }
 
-    /// Adopt `period` allocations from `origin` (a mark, or a detected period).
+    /// Adopt `period` allocations from `origin` (a mark).
     fn set_period(&self, origin: u64, period: u64) {
         let n = u64::from(self.phase_buckets);
         // Positions above 2^32 would overflow the multiply: such periods (billions of allocations an
@@ -472,12 +452,6 @@ impl Classifier {
             0
         };
         let base = mix(mix((sc as u64) | ((f.device as u64) << 32)) ^ f.stream) ^ site;
-        if self.detect_period && !self.marked.load(Ordering::Relaxed) {
-            if let Some(p) = self.detector.feed(clock, base) {
-                self.set_period(clock, p);
-                self.stats.period_changes.fetch_add(1, Ordering::Relaxed);
-            }
-        }
         let key = mix(base ^ (self.phase_bucket(clock) << 48)) | 1;
         let Some(i) = self.lookup(key) else {
             self.stats.unkeyed.fetch_add(1, Ordering::Relaxed);
@@ -623,12 +597,12 @@ impl Classifier {
         })
     }
 
-    /// Marks the start of a new iteration (e.g. a training step). Marks take precedence over detection:
-    /// the period becomes the allocation count between the last two marks and the position in the
-    /// iteration is measured from the latest mark.
+    /// Marks the start of a new iteration (e.g. a training step, or a replay pass): the period becomes
+    /// the allocation count between the last two marks and the position in the iteration is measured
+    /// from the latest mark. Marks are the only source of the phase: until two marks with allocations
+    /// between them, every allocation is in phase bucket 0.
     pub fn mark_iteration(&self) {
         let c = self.alloc_clock.load(Ordering::Relaxed);
-        self.marked.store(true, Ordering::Relaxed);
         let prev = self.last_mark.swap(c, Ordering::Relaxed);
         let period = if prev != u64::MAX && c > prev {
             c - prev
@@ -638,7 +612,7 @@ impl Classifier {
         self.set_period(c, period);
     }
 
-    /// The iteration period in allocations, marked or detected; `None` while unknown.
+    /// The iteration period in allocations (between the last two marks); `None` while unknown.
     pub fn iteration_period(&self) -> Option<u64> {
         match self.period.load(Ordering::Relaxed) {
             0 => None,
@@ -687,7 +661,6 @@ impl Classifier {
             misses_corrected: l(&s.misses_corrected),
             drift_events: l(&s.drift_events),
             censored: l(&s.censored),
-            period_changes: l(&s.period_changes),
             hinted: l(&s.hinted),
         }
     }

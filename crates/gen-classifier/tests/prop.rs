@@ -53,7 +53,6 @@ proptest! {
         mid_extra in 1u64..40,
         probes in 1u32..4,
         byte_short in proptest::option::of(1u64..(1 << 24)),
-        detect in any::<bool>(),
         sample_shift in 0u32..4,
         track_below in 0u32..6,
     ) {
@@ -68,9 +67,6 @@ proptest! {
             .track_below(track_below)
             .capacity(64)
             .max_probes(probes)
-            .period_min(8)
-            .period_votes(2)
-            .detect_period(detect)
             .build()
             .unwrap();
         let c = Classifier::new(cfg);

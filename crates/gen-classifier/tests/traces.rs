@@ -2,10 +2,13 @@
 //!
 //! The fast test replays the smallest trace (ResNet-50, 13 149 allocations) with and without call sites
 //! and asserts accuracy floors a little under what was measured over every allocation's prediction with
-//! the default sampled tracking (one tracked allocation in 8 of a warm key; with site: 0.825 by count,
-//! 0.941 by bytes; without: 0.734 / 0.707 — tracking every allocation measured 0.824 / 0.941 and
-//! 0.751 / 0.759: without call sites, keys learn more slowly from a sample). The ignored test covers all
-//! four traces (`--include-ignored`).
+//! the default sampled tracking (one tracked allocation in 8 of a warm key; with site: 0.826 by count,
+//! 0.948 by bytes; without: 0.647 / 0.508 — tracking every allocation measured 0.818 / 0.944 and
+//! 0.674 / 0.588: without call sites, keys learn more slowly from a sample). Each replay is one pass
+//! marked once, with no iteration boundaries in the trace, so no phase: the classifier's removed period
+//! detector gave ResNet-50 without call sites its phase (0.734 / 0.707) and GPT-2 small 0.801 / 0.855
+//! (now 0.743 / 0.840); with call sites it cost 0.15–0.9 points (docs/ARCHITECTURE.md, "Periodic plans").
+//! The ignored test covers all four traces (`--include-ignored`).
 
 mod common;
 
@@ -60,14 +63,14 @@ fn check(name: &str, floors: [(f64, f64); 2]) {
 
 #[test]
 fn resnet50_accuracy_floor() {
-    check("resnet50_train.csv.gz", [(0.80, 0.92), (0.71, 0.69)]);
+    check("resnet50_train.csv.gz", [(0.80, 0.92), (0.62, 0.48)]);
 }
 
 #[test]
 #[ignore = "replays all four traces (~1 s in release)"]
 fn all_traces_accuracy_floor() {
-    check("gpt2_train_fixed.csv.gz", [(0.87, 0.89), (0.78, 0.83)]);
+    check("gpt2_train_fixed.csv.gz", [(0.87, 0.89), (0.72, 0.82)]);
     check("gpt2m_train_varlen.csv.gz", [(0.87, 0.85), (0.75, 0.78)]);
-    check("resnet50_train.csv.gz", [(0.80, 0.92), (0.71, 0.69)]);
+    check("resnet50_train.csv.gz", [(0.80, 0.92), (0.62, 0.48)]);
     check("gpt2_generate_kv.csv.gz", [(0.98, 0.97), (0.95, 0.90)]);
 }

@@ -77,12 +77,16 @@ pub fn load(name: &str) -> Option<Result<Vec<Event>, String>> {
 }
 
 /// Replays `events` through a fresh classifier (site used or ignored), finishing with the live blocks.
+/// The pass is marked as an iteration at its start, as the engine's replays do (`Pool::mark_pass`): the
+/// CSV traces carry no iteration boundaries (benches/traces/README.md, "Format"), so within one pass
+/// the classifier has no period and the position in the iteration plays no part.
 /// Returns the classifier and the confusion of *every* allocation's prediction, measured here on the
 /// replay's own allocation clock (the classifier scores only the allocations it tracks: one in
 /// `sample_every` of a warm key): blocks freed are scored by their lifetime, blocks still live at the
 /// end score Long when older than the short horizon (younger ones are left out, as `finish` does).
 pub fn replay(events: &[Event], cfg: ClassifierConfig, use_site: bool) -> (Classifier, Confusion) {
     let c = Classifier::new(cfg);
+    c.mark_iteration();
     let mut all = Confusion::default();
     let mut clock = 0u64;
     let mut live: HashMap<u64, (Stamp, u64, u64)> = HashMap::with_capacity(1 << 16);
