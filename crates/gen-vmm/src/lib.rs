@@ -731,6 +731,37 @@ impl PagePool {
         self.inner.lock().fence_stream = stream;
     }
 
+    /// The stream regime, decided here for every tier over these pages: the first stream seen. Until a
+    /// second appears, all work using the pages runs on it ([`set_fence_stream`](Self::set_fence_stream)):
+    /// pages still in use move by aliasing, regions' frees need no stamps.
+    pub fn one_stream(&self, stream: StreamId) {
+        self.set_fence_stream(Some(stream));
+    }
+
+    /// A second stream appeared: from now on per-stream fences decide when memory freed on one stream
+    /// may serve another. Everything freed under the one-stream regime is made idle by one device
+    /// synchronize (a one-time cost, never in a warm pass), so that no page or slot freed then needs an
+    /// ordering it was never stamped for. During a capture the synchronize is skipped (it would break
+    /// the capture): pages freed so far then stay warm, and move only after the next synchronize.
+    /// Returns whether the device was synchronized.
+    pub fn several_streams(&self) -> bool {
+        self.set_fence_stream(None);
+        if self.capturing() {
+            log::debug!("gen-vmm: a second stream during a capture; no synchronize");
+            return false;
+        }
+        match self.device.synchronize() {
+            Ok(()) => {
+                self.synchronized();
+                true
+            }
+            Err(e) => {
+                log::error!("gen-vmm: synchronize on a second stream's first use: {e}");
+                false
+            }
+        }
+    }
+
     /// Make future work on `stream` wait for everything queued on `after` so far: a fence recorded on
     /// `after` (or the newest one, when nothing was freed since), waited on by `stream` on the device
     /// (`cuStreamWaitEvent`). No host wait. Nothing to do when they are the same stream.

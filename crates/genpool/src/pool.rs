@@ -358,7 +358,7 @@ impl Pool {
         {
             // One stream: the page pool may move pages still in use by aliasing them, and the slab
             // reclaims empty chunks without a synchronize (stream order).
-            self.pages.set_fence_stream(Some(stream));
+            self.pages.one_stream(stream);
             self.slab.set_one_stream(true);
             self.extents.set_first_stream(stream);
             self.buddy_handoff.seed(stream);
@@ -367,22 +367,10 @@ impl Pool {
         if self.hot.solo_stream.load(Relaxed) != stream
             && !self.hot.multi_stream.swap(true, Ordering::SeqCst)
         {
-            self.pages.set_fence_stream(None);
+            // gen-vmm decides the regime and makes its one synchronize; the slab leaves its one-stream
+            // shortcuts first, so that every free they served is covered by it.
             self.slab.set_one_stream(false);
-            if self.device.captures().active() {
-                // A capture forbids the synchronize. Pages freed so far stay warm (they move only after
-                // a synchronize, after the capture); with stream arenas (the default) the second stream
-                // allocates from an arena of its own and the slab keeps per-stream lists, so no block
-                // freed on the first stream reaches it before its work is done.
-                log::debug!("genpool: second stream first seen during a capture; no synchronize");
-            } else {
-                match self.device.synchronize() {
-                    Ok(()) => self.pages.synchronized(),
-                    Err(e) => {
-                        log::error!("genpool: synchronize on a second stream's first use: {e}")
-                    }
-                }
-            }
+            self.pages.several_streams();
             // Plans serve one stream: stop handing out planned slots (the range goes once drained).
             self.drop_plan();
         }
