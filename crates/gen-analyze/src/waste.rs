@@ -42,7 +42,7 @@ pub enum WasteCause {
     /// genpool: the parts of pages touched by live blocks that no live block covers (partially used
     /// pages at block edges).
     PageEdges,
-    /// genpool: freed blocks held in the per-stream front caches (with their pages).
+    /// genpool: blocks freed during a capture, held out of their tier (with their pages) until it ends.
     FrontCache,
     /// genpool: physical pages held with no live block on them, kept for reuse.
     CachedPages,

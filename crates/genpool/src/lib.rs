@@ -11,10 +11,9 @@
 //! | long | any | [`gen_buddy`]: exact-fit buddy over page-mapped VA |
 //!
 //! All page-mapped tiers draw physical memory from one [`gen_vmm::PagePool`], so the memory held is the
-//! peak of pages touched by live blocks. Freed extent and buddy blocks wait in stream-ordered exact-size
-//! caches ([`gen_stream::StreamCache`]) — the steady state of a training loop is served from there with no
-//! driver call and no tier lock — and go back to their tier whenever the page pool would otherwise grow.
-//! See docs/ARCHITECTURE.md.
+//! peak of pages touched by live blocks. Freed blocks go straight back to their tier; when memory freed on
+//! one stream may serve another is decided in one place, gen-vmm (per-stream fences for pages,
+//! [`gen_vmm::Handoff`] for blocks handed between streams). See docs/ARCHITECTURE.md.
 
 #![warn(missing_docs)]
 

@@ -5,8 +5,8 @@
 //! reserved VA over one [`gen_vmm::PagePool`], so a pool can release every physical page while every
 //! live block keeps its pointer:
 //!
-//! 1. [`Pool::sleep`] first gives back everything cached ([`Pool::trim`]: blocks held in the stream
-//!    caches, empty slab chunks, free-mapped pages, old mappings left by page moves, spare pages of
+//! 1. [`Pool::sleep`] first gives back everything cached ([`Pool::trim`]: blocks a capture held back,
+//!    empty slab chunks, free-mapped pages, old mappings left by page moves, spare pages of
 //!    every arena, stream arenas included), then [`gen_vmm::PagePool::sleep`] unmaps and releases the
 //!    pages still referenced by live blocks — with `offload`, after copying their bytes to one pinned
 //!    host buffer.

@@ -42,7 +42,8 @@ pub struct PoolStats {
     pub num_alloc_retries: u64,
     /// Frees refused (unknown, double, null).
     pub num_invalid_frees: u64,
-    /// Bytes held in the stream-ordered front caches.
+    /// Bytes of blocks freed during a capture whose return to their tier waits for the capture's end (their
+    /// handoff's ordering cannot be recorded during it).
     pub cached_bytes: u64,
     /// The shared page pool.
     pub pages: PagePoolStats,

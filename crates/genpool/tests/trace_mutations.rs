@@ -11,7 +11,7 @@
 //! - **streams interleaved**: allocations are spread over 1–3 streams (1: every trace stream maps to
 //!   one simulated stream), and a share of the frees happen on another stream than the allocation;
 //! - **sites** passed to the classifier or withheld (the PyTorch plug-in gives none);
-//! - the engine **configuration**: default, all four tiers, bounded front caches.
+//! - the engine **configuration**: default, all four tiers, every stream in one shared arena.
 //!
 //! After **every** step: the block is 512-byte aligned, spans the request rounded up to 512 B, and
 //! overlaps no live block; a free returns the block's size; the engine's statistics equal the model's
