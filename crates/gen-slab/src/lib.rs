@@ -588,6 +588,31 @@ impl Slab {
         self.base + c.offset + u64::from(slot) * c.size
     }
 
+    /// The class index and slot of `ptr` when it is the start of one of this slab's slots (live or not):
+    /// for an owner that keeps per-slot records beside the slab's own.
+    #[inline]
+    pub fn slot_of(&self, ptr: u64) -> Option<(usize, u32)> {
+        let (_, slot) = self.locate(ptr).ok()?;
+        Some((
+            (ptr.wrapping_sub(self.base) >> self.span_shift) as usize,
+            slot,
+        ))
+    }
+
+    /// The address of slot `slot` of class `ci` (both as [`slot_of`](Self::slot_of) gives them).
+    pub fn slot_addr(&self, ci: usize, slot: u32) -> u64 {
+        let c = &self.class[ci];
+        self.base + c.offset + u64::from(slot) * c.size
+    }
+
+    /// Per class, `(slots, slots per chunk)`: the shape of a per-slot record kept beside the slab.
+    pub fn slot_geometry(&self) -> Vec<(u32, u32)> {
+        self.class
+            .iter()
+            .map(|c| (c.capacity, c.slots_per_chunk))
+            .collect()
+    }
+
     /// Class and slot of `ptr`, which must be the start of a slot.
     #[inline]
     fn locate(&self, ptr: u64) -> Result<(&Class, u32), TierError> {

@@ -1761,64 +1761,86 @@ impl PagePool {
         freed_on: Option<StreamId>,
     ) {
         let bit = freed_on.map(|s| Self::stream_bit(g, s));
-        let epoch = g.epoch;
-        for pidx in first..=last {
-            let r = g.regions[rid as usize].as_mut().expect("registered region");
-            if let Some(bit) = bit {
-                // The bytes freed here were used on that stream: whoever reuses them next waits for it.
-                r.pages[pidx as usize].freed_on |= bit;
-                r.hot[pidx as usize].set_freed(epoch);
-            }
-            let p = &mut r.hot[pidx as usize];
-            if p.refs == 0 {
-                debug_assert!(
-                    false,
-                    "decommit of an uncommitted page in region '{}'",
-                    r.name
-                );
-                log::error!(
-                    "gen-vmm: decommit of an uncommitted page {pidx} in region '{}'",
-                    r.name
-                );
-                continue;
-            }
-            p.refs -= 1;
-            if p.refs == 0 {
-                p.set_freed(g.epoch);
+        // Decided once per call, not per page: whether pages left free stay mapped (the default) or are
+        // unmapped at once (`eager_unmap`, and not while pages must stay) — a capture check is a call
+        // through the device.
+        let lazy = !self.cfg.eager_unmap || self.pages_stay();
+        let mut eager: Vec<u32> = Vec::new();
+        {
+            let Inner {
+                regions,
+                free_mapped,
+                stats,
+                sleep,
+                epoch,
+                ..
+            } = &mut *g;
+            let epoch = *epoch;
+            let r = regions[rid as usize].as_mut().expect("registered region");
+            let own_stream = r.stream.is_some();
+            for pidx in first..=last {
+                let i = pidx as usize;
+                if let Some(bit) = bit {
+                    // The bytes freed here were used on that stream: whoever reuses them next waits for it.
+                    r.pages[i].freed_on |= bit;
+                    r.hot[i].set_freed(epoch);
+                }
+                let p = &mut r.hot[i];
+                if p.refs == 0 {
+                    debug_assert!(
+                        false,
+                        "decommit of an uncommitted page in region '{}'",
+                        r.name
+                    );
+                    log::error!(
+                        "gen-vmm: decommit of an uncommitted page {pidx} in region '{}'",
+                        r.name
+                    );
+                    continue;
+                }
+                p.refs -= 1;
+                if p.refs != 0 {
+                    continue;
+                }
+                p.set_freed(epoch);
+                let backed = p.backed();
                 // Regions of a stream of their own never stamp (their stream is the answer); in the
                 // others a free with no stream known makes the page's next reuse synchronize.
-                if freed_on.is_none() && r.stream.is_none() {
-                    r.pages[pidx as usize].freed_on |= UNKNOWN_STREAM;
+                if freed_on.is_none() && !own_stream {
+                    r.pages[i].freed_on |= UNKNOWN_STREAM;
                 }
                 r.in_use -= 1;
-                g.stats.pages_in_use -= 1;
-                if !p.backed() {
+                stats.pages_in_use -= 1;
+                if !backed {
                     // Asleep (a referenced page is backed otherwise): nothing is mapped to free; its
                     // offloaded contents are not needed any more.
-                    if let Some(z) = g.sleep.as_mut() {
+                    if let Some(z) = sleep.as_mut() {
                         z.forget(rid, pidx as u32);
                     }
                     continue;
                 }
-                if !self.cfg.eager_unmap || self.pages_stay() {
-                    g.free_mapped.insert((pidx as u32, rid));
+                if lazy {
+                    free_mapped.insert((pidx as u32, rid));
                 } else {
-                    // Unmapping needs the page's earlier users to be done.
-                    let res = self
-                        .device
-                        .synchronize()
-                        .map_err(VmmError::from)
-                        .and_then(|_| {
-                            self.all_complete(g);
-                            self.unmap_page(g, rid, pidx as u32)
-                        });
-                    match res {
-                        Ok(h) => g.free_handles.push(h),
-                        Err(e) => {
-                            log::error!("gen-vmm: eager unmap failed: {e}");
-                            g.free_mapped.insert((pidx as u32, rid));
-                        }
-                    }
+                    eager.push(pidx as u32);
+                }
+            }
+        }
+        for pidx in eager {
+            // Unmapping needs the page's earlier users to be done.
+            let res = self
+                .device
+                .synchronize()
+                .map_err(VmmError::from)
+                .and_then(|_| {
+                    self.all_complete(g);
+                    self.unmap_page(g, rid, pidx)
+                });
+            match res {
+                Ok(h) => g.free_handles.push(h),
+                Err(e) => {
+                    log::error!("gen-vmm: eager unmap failed: {e}");
+                    g.free_mapped.insert((pidx, rid));
                 }
             }
         }

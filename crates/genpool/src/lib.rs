@@ -18,6 +18,7 @@
 #![warn(missing_docs)]
 
 mod arenas;
+mod books;
 pub mod config;
 pub mod devices;
 pub mod error;
@@ -26,6 +27,7 @@ mod meta;
 mod pool;
 #[cfg(feature = "replay")]
 pub mod replay;
+mod slabbook;
 pub mod sleep;
 pub mod stats;
 mod tier;

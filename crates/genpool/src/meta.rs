@@ -163,10 +163,6 @@ struct Shard {
     live: Table,
     recent: [u64; RECENT],
     next: usize,
-    /// Blocks inserted and removed per tier (the engine's alloc and free counts: counted here, under the
-    /// lock already held, instead of with locked instructions on shared counters).
-    allocs: [u64; 4],
-    frees: [u64; 4],
 }
 
 /// The live-block table, sharded by address so threads rarely meet on one lock.
@@ -189,8 +185,6 @@ impl MetaTable {
                     live: Table::new(),
                     recent: [0; RECENT],
                     next: 0,
-                    allocs: [0; 4],
-                    frees: [0; 4],
                 }))
             })
             .collect();
@@ -204,30 +198,7 @@ impl MetaTable {
 
     #[inline]
     pub(crate) fn insert(&self, ptr: u64, meta: Meta) {
-        let mut s = self.shard(ptr).lock();
-        s.allocs[meta.tier as usize] += 1;
-        s.live.insert(ptr, meta);
-    }
-
-    /// Put back a block [`remove`](Self::remove) took out (its free failed): not counted as an
-    /// allocation, and its free is uncounted.
-    pub(crate) fn restore(&self, ptr: u64, meta: Meta) {
-        let mut s = self.shard(ptr).lock();
-        s.frees[meta.tier as usize] -= 1;
-        s.live.insert(ptr, meta);
-    }
-
-    /// Blocks inserted and removed so far, per tier, as `(allocs, frees)`.
-    pub(crate) fn counts(&self) -> [(u64, u64); 4] {
-        let mut out = [(0, 0); 4];
-        for s in self.shards.iter() {
-            let s = s.lock();
-            for (t, o) in out.iter_mut().enumerate() {
-                o.0 += s.allocs[t];
-                o.1 += s.frees[t];
-            }
-        }
-        out
+        self.shard(ptr).lock().live.insert(ptr, meta);
     }
 
     #[inline]
@@ -235,7 +206,6 @@ impl MetaTable {
         let mut s = self.shard(ptr).lock();
         match s.live.remove(ptr) {
             Some(m) => {
-                s.frees[m.tier as usize] += 1;
                 let i = s.next;
                 s.recent[i] = ptr;
                 s.next = (i + 1) % RECENT;
@@ -327,7 +297,7 @@ mod tests {
     }
 
     #[test]
-    fn counts_follow_inserts_removals_and_restores() {
+    fn a_block_taken_out_can_be_put_back() {
         let t = MetaTable::new();
         for i in 0..100u64 {
             t.insert(0x10_0000 + i * 512, meta(512));
@@ -335,15 +305,12 @@ mod tests {
         for i in 0..40u64 {
             assert!(matches!(t.remove(0x10_0000 + i * 512), Removed::Live(_)));
         }
-        // A removal whose free failed is put back: neither an allocation nor a free.
         let Removed::Live(m) = t.remove(0x10_0000 + 50 * 512) else {
             panic!("live")
         };
-        t.restore(0x10_0000 + 50 * 512, m);
-        assert!(matches!(t.remove(0x10_0000), Removed::RecentlyFreed)); // not counted
-        let c = t.counts();
-        assert_eq!(c[Tier::Extent as usize], (100, 40));
-        assert_eq!(c.iter().map(|c| c.0).sum::<u64>(), 100);
+        t.insert(0x10_0000 + 50 * 512, m);
+        assert!(matches!(t.remove(0x10_0000), Removed::RecentlyFreed));
         assert_eq!(t.len(), 60);
+        assert!(t.get(0x10_0000 + 50 * 512).is_some());
     }
 }

@@ -13,10 +13,12 @@ use gen_vmm::{Handoff, PagePool, PagePoolConfig, TierError, VmmError};
 use parking_lot::Mutex;
 
 use crate::arenas::{Extents, ExtentsConfig, NO_STREAM};
+use crate::books::LiveBooks;
 use crate::config::{Config, LongTier, MidTier, Routing};
 use crate::error::{FreeFault, GenpoolError, OomReport, Result, TierUsage};
 use crate::headroom::Headroom;
 use crate::meta::{Meta, MetaTable, Removed};
+use crate::slabbook::SlabBook;
 use crate::stats::{PlanSummary, PoolStats, TierStats};
 pub use crate::tier::Tier;
 use crate::tier::{tier_err, Request, TierAlloc};
@@ -81,12 +83,6 @@ impl LiveBlock {
     }
 }
 
-#[derive(Default)]
-struct TierCounters {
-    live: AtomicU64,
-    live_peak: AtomicU64,
-}
-
 /// One device's generational pool. `Send + Sync`: allocate and free from any thread.
 ///
 /// The engine routes: it classifies each allocation, picks a tier ([`TierAlloc`]: the slab, the extent
@@ -122,6 +118,10 @@ pub struct Pool {
     /// back at the first call after it; their bytes in `deferred_bytes`.
     deferred: Mutex<Vec<Deferred>>,
     deferred_bytes: AtomicU64,
+    /// Live bytes per tier and their peaks, per thread.
+    books: LiveBooks,
+    /// Records of the slab's live blocks, per slot.
+    slab_book: SlabBook,
     ooms: AtomicU64,
     retries: AtomicU64,
     invalid_frees: AtomicU64,
@@ -142,15 +142,14 @@ struct Deferred {
 /// request — and each arena's page table costs host memory in proportion).
 const STREAM_ARENA_VA: u64 = 2;
 
-/// What every allocation and free reads or writes outside its tier, packed into two cache lines. Inside
-/// PyTorch the allocator's lines are mostly cold between calls (kernel launches and the interpreter run in
-/// between), so each distinct line a call touches costs a miss: spread over the pool's fields (Rust lays
-/// them out by size, not by use) these words took ~4-5 lines a call; here they take two.
+/// What every allocation and free reads outside its tier, in one cache line, written only when the
+/// streams seen change (and by large allocations' run count). Inside PyTorch the allocator's lines are
+/// mostly cold between calls (kernel launches and the interpreter run in between), so each distinct line
+/// a call touches costs a miss: spread over the pool's fields (Rust lays them out by size, not by use)
+/// these words took ~4-5 lines a call. The live-byte counters, written by every call, are kept per
+/// thread elsewhere ([`LiveBooks`]): on this line they made every thread's every call miss.
 #[repr(C, align(64))]
 struct Hot {
-    /// Live bytes in all tiers, and their peak.
-    live: AtomicU64,
-    live_peak: AtomicU64,
     /// The one stream seen so far (`NO_STREAM` before the first).
     solo_stream: AtomicU64,
     /// Large allocations since the last free (any free): a burst builds long-lived state.
@@ -170,8 +169,6 @@ struct Hot {
     /// A second stream has been seen: plans stop, and the page pool and the slab keep per-stream fences
     /// (a block's handoff orders streams whatever this says).
     multi_stream: AtomicBool,
-    /// Per tier (the second line).
-    tiers: [TierCounters; 4],
 }
 
 impl std::fmt::Debug for Pool {
@@ -277,9 +274,8 @@ impl Pool {
         } else {
             None
         };
+        let slab_book = SlabBook::new(&slab);
         let hot = Hot {
-            live: AtomicU64::new(0),
-            live_peak: AtomicU64::new(0),
             solo_stream: AtomicU64::new(NO_STREAM),
             large_since_free: AtomicU64::new(0),
             max_size: props.total_mem,
@@ -290,7 +286,6 @@ impl Pool {
             use_site: cfg.use_site,
             has_stream: stream.is_some(),
             multi_stream: AtomicBool::new(false),
-            tiers: Default::default(),
         };
         Ok(Pool {
             buddy_handoff: Handoff::new(),
@@ -308,6 +303,8 @@ impl Pool {
             plan,
             stream,
             meta: MetaTable::new(),
+            books: LiveBooks::new(),
+            slab_book,
             ooms: AtomicU64::new(0),
             retries: AtomicU64::new(0),
             invalid_frees: AtomicU64::new(0),
@@ -486,30 +483,66 @@ impl Pool {
                 }
             },
         };
-        self.meta.insert(
-            ptr,
-            Meta {
-                size,
-                tier,
-                stamp,
-                ticket,
-                stream,
-                // < ALIGN: the rounding above.
-                slack: (size - requested) as u16,
-            },
-        );
-        let t = &self.hot.tiers[tier as usize];
-        let tl = t.live.fetch_add(size, Relaxed) + size;
-        // Peaks rarely move in a loop's steady state: a plain load keeps the line shared and skips a
-        // locked instruction.
-        if tl > t.live_peak.load(Relaxed) {
-            t.live_peak.fetch_max(tl, Relaxed);
-        }
-        let live = self.hot.live.fetch_add(size, Relaxed) + size;
-        if live > self.hot.live_peak.load(Relaxed) {
-            self.hot.live_peak.fetch_max(live, Relaxed);
-        }
+        let m = Meta {
+            size,
+            tier,
+            stamp,
+            ticket,
+            stream,
+            // < ALIGN: the rounding above.
+            slack: (size - requested) as u16,
+        };
+        self.record(ptr, m);
+        self.books.add(tier as usize, size);
         Ok(Block { ptr, size, tier })
+    }
+
+    /// Remember a live block: a slab block with no stamp in the slab's per-slot book, any other in the
+    /// address map.
+    #[inline]
+    fn record(&self, ptr: u64, m: Meta) {
+        if m.tier == Tier::Slab
+            && self.hot.routing != Routing::Generational
+            && self
+                .slab_book
+                .set(&self.slab, ptr, m.size, m.slack, m.stream)
+        {
+            return;
+        }
+        self.meta.insert(ptr, m);
+    }
+
+    /// Take a live block's record out (its free). A slab address with no record anywhere that is the
+    /// start of a slot is a double free.
+    #[inline]
+    fn unrecord(&self, ptr: u64) -> Removed {
+        if !self.slab.owns(ptr) {
+            return self.meta.remove(ptr);
+        }
+        if let Some(m) = self.slab_book.take(&self.slab, ptr) {
+            return Removed::Live(m);
+        }
+        match self.meta.remove(ptr) {
+            Removed::Unknown if self.slab.slot_of(ptr).is_some() => Removed::RecentlyFreed,
+            r => r,
+        }
+    }
+
+    /// A live block's record, left in place.
+    fn recorded(&self, ptr: u64) -> Option<Meta> {
+        if self.slab.owns(ptr) {
+            if let Some(m) = self.slab_book.get(&self.slab, ptr) {
+                return Some(m);
+            }
+        }
+        self.meta.get(ptr)
+    }
+
+    /// Every live block's record.
+    fn records(&self) -> Vec<(u64, Meta)> {
+        let mut v = self.meta.snapshot();
+        v.extend(self.slab_book.snapshot(&self.slab));
+        v
     }
 
     fn alloc_in(
@@ -703,7 +736,7 @@ impl Pool {
                 fault: FreeFault::Null,
             });
         }
-        let meta = match self.meta.remove(ptr) {
+        let meta = match self.unrecord(ptr) {
             Removed::Live(m) => m,
             Removed::RecentlyFreed => {
                 self.invalid_frees.fetch_add(1, Relaxed);
@@ -763,13 +796,10 @@ impl Pool {
         if let Err(e) = res {
             // The tier refused a block our table said was live: an internal inconsistency. Keep the
             // block recorded (nothing is lost) and report it.
-            self.meta.restore(ptr, meta);
+            self.record(ptr, meta);
             return Err(e);
         }
-        self.hot.tiers[meta.tier as usize]
-            .live
-            .fetch_sub(size, Relaxed);
-        self.hot.live.fetch_sub(size, Relaxed);
+        self.books.sub(meta.tier as usize, size);
         Ok(LiveBlock::of(ptr, &meta))
     }
 
@@ -852,28 +882,23 @@ impl Pool {
     /// PyTorch's `reset_peak_memory_stats` does. The driver pool's reserved-high (`mid_tier:stream`) is
     /// the driver's own and is not reset.
     pub fn reset_peaks(&self) {
-        self.hot
-            .live_peak
-            .store(self.hot.live.load(Relaxed), Relaxed);
-        for t in self.hot.tiers.iter() {
-            t.live_peak.store(t.live.load(Relaxed), Relaxed);
-        }
+        self.books.reset_peaks();
         self.pages.reset_peak();
     }
 
     /// Bytes live (allocated and not freed).
     pub fn allocated(&self) -> u64 {
-        self.hot.live.load(Relaxed)
+        self.books.total()
     }
 
     /// Number of live blocks.
     pub fn live_blocks(&self) -> usize {
-        self.meta.len()
+        self.meta.len() + self.slab_book.snapshot(&self.slab).len()
     }
 
     /// The tier and size of a live block, if `ptr` is one.
     pub fn lookup(&self, ptr: u64) -> Option<Block> {
-        self.meta.get(ptr).map(|m| Block {
+        self.recorded(ptr).map(|m| Block {
             ptr,
             size: m.size,
             tier: m.tier,
@@ -882,14 +907,13 @@ impl Pool {
 
     /// A live block with everything the engine knows of it, if `ptr` is one.
     pub fn lookup_detailed(&self, ptr: u64) -> Option<LiveBlock> {
-        self.meta.get(ptr).map(|m| LiveBlock::of(ptr, &m))
+        self.recorded(ptr).map(|m| LiveBlock::of(ptr, &m))
     }
 
     /// Every live block with its request, stream and tier, in address order.
     pub fn live_detailed(&self) -> Vec<LiveBlock> {
         let mut v: Vec<LiveBlock> = self
-            .meta
-            .snapshot()
+            .records()
             .into_iter()
             .map(|(ptr, m)| LiveBlock::of(ptr, &m))
             .collect();
@@ -915,7 +939,7 @@ impl Pool {
         if self.hot.routing != Routing::Generational {
             return; // Nothing was stamped.
         }
-        let live = self.meta.snapshot();
+        let live = self.records();
         self.classifier
             .finish(live.into_iter().map(|(_, m)| (m.stamp, m.size)));
     }
@@ -944,7 +968,7 @@ impl Pool {
                 .iter()
                 .map(|&t| TierUsage {
                     tier: t.name(),
-                    live: self.hot.tiers[t as usize].live.load(Relaxed),
+                    live: self.books.live(t as usize),
                     reserved: self.tier_reserved(t).0,
                 })
                 .collect(),
@@ -958,14 +982,14 @@ impl Pool {
         let pages = self.pages.stats();
         let confusion = self.classifier.confusion();
         // (allocations, frees) per tier, counted by the live-block table under its shard locks.
-        let counts = self.meta.counts();
+        let counts = self.books.counts();
         PoolStats {
             // Sleep / wake (crate::sleep).
             asleep: pages.asleep,
             sleeping_bytes: pages.pages_asleep * pages.page_size,
             offloaded_bytes: pages.pages_offloaded * pages.page_size,
             allocated_current: self.allocated(),
-            allocated_peak: self.hot.live_peak.load(Relaxed),
+            allocated_peak: self.books.total_peak(),
             reserved_current: self.reserved_now(),
             reserved_peak: self.reserved_peak(),
             num_allocs: counts.iter().map(|c| c.0).sum(),
@@ -979,14 +1003,13 @@ impl Pool {
             tiers: Tier::ALL
                 .iter()
                 .map(|&t| {
-                    let c = &self.hot.tiers[t as usize];
                     let (reserved, reserved_peak) = self.tier_reserved(t);
                     TierStats {
                         tier: t.name(),
                         allocs: counts[t as usize].0,
                         frees: counts[t as usize].1,
-                        live_bytes: c.live.load(Relaxed),
-                        live_peak: c.live_peak.load(Relaxed),
+                        live_bytes: self.books.live(t as usize),
+                        live_peak: self.books.peak(t as usize),
                         reserved,
                         reserved_peak,
                     }
@@ -1027,14 +1050,9 @@ mod layout_tests {
     use std::mem::{align_of, offset_of, size_of};
 
     #[test]
-    fn the_per_call_words_take_two_cache_lines() {
+    fn the_per_call_words_take_one_cache_line() {
         assert_eq!(align_of::<Hot>(), 64);
-        assert_eq!(
-            offset_of!(Hot, tiers),
-            64,
-            "line 0: counters, stream flags, routing"
-        );
-        assert_eq!(size_of::<Hot>(), 128, "line 1: the per-tier counters");
+        assert_eq!(size_of::<Hot>(), 64, "stream flags, routing, bounds");
     }
 
     #[test]

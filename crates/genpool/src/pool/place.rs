@@ -2,8 +2,6 @@
 //! (CUDA graph trees re-create, at the addresses a graph baked in, the blocks that were live when the
 //! checkpoint was taken). A child of `pool` so that it books the block exactly as `Pool::alloc` does.
 
-use std::sync::atomic::Ordering::Relaxed;
-
 use gen_classifier::Features;
 use gen_device::StreamId;
 use gen_plan::Ticket;
@@ -31,7 +29,7 @@ impl Pool {
         if self.pages.is_asleep() {
             return Err(GenpoolError::Asleep);
         }
-        if self.meta.get(ptr).is_some() {
+        if self.recorded(ptr).is_some() {
             return Err(unplaceable("a live block starts there"));
         }
         let requested = size;
@@ -60,11 +58,7 @@ impl Pool {
                 slack: (size - requested) as u16,
             },
         );
-        let t = &self.hot.tiers[Tier::Extent as usize];
-        let tl = t.live.fetch_add(size, Relaxed) + size;
-        t.live_peak.fetch_max(tl, Relaxed);
-        let live = self.hot.live.fetch_add(size, Relaxed) + size;
-        self.hot.live_peak.fetch_max(live, Relaxed);
+        self.books.add(Tier::Extent as usize, size);
         Ok(Block {
             ptr,
             size,

@@ -1,0 +1,89 @@
+//! Thread scaling of the short-lived path, as a plain program (for profiling; the criterion bench
+//! `engine/threads` is the measurement): T threads each cycle a ring of 16 blocks of 512 B – 4 KiB on
+//! one stream of one pool, every 4th freed by the next thread. Prints wall ns per operation over all
+//! threads and the throughput relative to one thread.
+//!
+//! `cargo run --release -p genpool --example threads -- [OPS_PER_THREAD] [T...]`
+
+use std::sync::{Arc, Barrier};
+use std::time::Instant;
+
+use crossbeam_queue::ArrayQueue;
+use gen_device::sim::SimDevice;
+use gen_device::Device;
+use genpool::{Config, Hint, Pool};
+
+const SIZES: [u64; 4] = [512, 1024, 2048, 4096];
+
+fn run(threads: usize, ops: usize) -> f64 {
+    let dev = Arc::new(SimDevice::config().capacity(8 << 30).build().unwrap());
+    let pool = Arc::new(Pool::new(dev as Arc<dyn Device>, Config::default()).unwrap());
+    let queues: Arc<Vec<ArrayQueue<u64>>> =
+        Arc::new((0..threads).map(|_| ArrayQueue::new(1 << 16)).collect());
+    let start = Arc::new(Barrier::new(threads + 1));
+    let hs: Vec<_> = (0..threads)
+        .map(|i| {
+            let (pool, queues, start) = (pool.clone(), queues.clone(), start.clone());
+            std::thread::spawn(move || {
+                let mut ring = std::collections::VecDeque::with_capacity(16);
+                start.wait();
+                for k in 0..ops / 2 {
+                    let size = SIZES[k % 4];
+                    let b = pool.alloc(size, 0, Hint::NONE).unwrap();
+                    ring.push_back(b.ptr);
+                    if ring.len() > 16 {
+                        let p = ring.pop_front().unwrap();
+                        if k % 4 == 0 {
+                            // Handed to the next thread, freed there.
+                            if queues[(i + 1) % threads].push(p).is_err() {
+                                pool.free(p, 0).unwrap();
+                            }
+                        } else {
+                            pool.free(p, 0).unwrap();
+                        }
+                    }
+                    if let Some(p) = queues[i].pop() {
+                        pool.free(p, 0).unwrap();
+                    }
+                }
+                for p in ring {
+                    pool.free(p, 0).unwrap();
+                }
+            })
+        })
+        .collect();
+    let t0 = Instant::now();
+    start.wait();
+    for h in hs {
+        h.join().unwrap();
+    }
+    let dt = t0.elapsed();
+    for q in queues.iter() {
+        while let Some(p) = q.pop() {
+            pool.free(p, 0).unwrap();
+        }
+    }
+    dt.as_nanos() as f64 / (threads * ops) as f64
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let ops: usize = args
+        .first()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2_000_000);
+    let ts: Vec<usize> = if args.len() > 1 {
+        args[1..].iter().map(|s| s.parse().unwrap()).collect()
+    } else {
+        vec![1, 2, 4, 8, 16]
+    };
+    let mut base = None;
+    for t in ts {
+        let ns = run(t, ops);
+        let b = *base.get_or_insert(ns);
+        println!(
+            "threads {t:2}: {ns:7.1} ns/op wall, throughput {:.2}x one thread",
+            b / ns
+        );
+    }
+}

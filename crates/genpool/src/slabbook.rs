@@ -1,0 +1,143 @@
+//! What the engine remembers of a slab block, kept per slot beside the slab instead of in the sharded
+//! address map ([`crate::meta::MetaTable`]).
+//!
+//! A slab block's address gives its class and slot with a shift and a multiply
+//! ([`gen_slab::Slab::slot_of`]), so its record needs no hash and no lock: one 16-byte entry, in a table
+//! made per 2 MiB chunk on first use. The thread that allocates a slot writes its entry and the thread
+//! that frees it takes it, so with the slab's per-thread free lists a thread reuses its own slots and
+//! touches lines no other thread writes; the address map's shard locks, which every thread's every call
+//! took, were half of a slab free with two threads. The entries are atomics (never a data race); a free
+//! on another thread sees the allocation's writes through whatever handed it the pointer, as with the
+//! slab's own `live` flags.
+//!
+//! Only blocks without a classifier stamp live here (lifetime routing off, the default); with
+//! `experimental.routing:generational` slab blocks carry stamps and stay in the address map.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::OnceLock;
+
+use gen_classifier::Stamp;
+use gen_slab::Slab;
+
+use crate::meta::Meta;
+use crate::Tier;
+
+const LIVE: u64 = 1 << 63;
+
+/// One slot's record: the stream and `LIVE | slack << 32 | size`. A cache line each: neighbouring slots
+/// are often another thread's.
+#[derive(Default)]
+#[repr(align(64))]
+struct Entry {
+    stream: AtomicU64,
+    word: AtomicU64,
+}
+
+struct ClassBook {
+    per_chunk: u32,
+    chunks: Box<[OnceLock<Box<[Entry]>>]>,
+}
+
+/// Per-slot records of the slab's live blocks. See the [module docs](self).
+pub(crate) struct SlabBook {
+    classes: Box<[ClassBook]>,
+}
+
+impl SlabBook {
+    pub(crate) fn new(slab: &Slab) -> Self {
+        let classes = slab
+            .slot_geometry()
+            .into_iter()
+            .map(|(slots, per_chunk)| {
+                let per_chunk = per_chunk.max(1);
+                ClassBook {
+                    per_chunk,
+                    chunks: (0..slots.div_ceil(per_chunk))
+                        .map(|_| OnceLock::new())
+                        .collect(),
+                }
+            })
+            .collect();
+        SlabBook { classes }
+    }
+
+    #[inline]
+    fn entry(&self, ci: usize, slot: u32) -> Option<&Entry> {
+        let c = self.classes.get(ci)?;
+        let chunk = c.chunks.get((slot / c.per_chunk) as usize)?;
+        chunk.get()?.get((slot % c.per_chunk) as usize)
+    }
+
+    #[inline]
+    fn entry_or_make(&self, ci: usize, slot: u32) -> Option<&Entry> {
+        let c = self.classes.get(ci)?;
+        let chunk = c.chunks.get((slot / c.per_chunk) as usize)?;
+        let entries = chunk.get_or_init(|| (0..c.per_chunk).map(|_| Entry::default()).collect());
+        entries.get((slot % c.per_chunk) as usize)
+    }
+
+    /// Record the block at `ptr` (a slot the slab just handed out). False when `ptr` is not a slot of
+    /// `slab` (the caller then records it in the address map).
+    #[inline]
+    pub(crate) fn set(&self, slab: &Slab, ptr: u64, size: u64, slack: u16, stream: u64) -> bool {
+        let Some(e) = slab
+            .slot_of(ptr)
+            .and_then(|(ci, slot)| self.entry_or_make(ci, slot))
+        else {
+            return false;
+        };
+        e.stream.store(stream, Relaxed);
+        e.word.store(
+            LIVE | u64::from(slack) << 32 | (size & 0xFFFF_FFFF),
+            Relaxed,
+        );
+        true
+    }
+
+    /// Take the record of the live block at `ptr` (its free): `None` when there is none (not a slot, or
+    /// not live here — the caller then asks the address map).
+    #[inline]
+    pub(crate) fn take(&self, slab: &Slab, ptr: u64) -> Option<Meta> {
+        let (ci, slot) = slab.slot_of(ptr)?;
+        let e = self.entry(ci, slot)?;
+        let w = e.word.swap(0, Relaxed);
+        (w & LIVE != 0).then(|| meta(w, e.stream.load(Relaxed)))
+    }
+
+    /// The record of the live block at `ptr`, left in place.
+    pub(crate) fn get(&self, slab: &Slab, ptr: u64) -> Option<Meta> {
+        let (ci, slot) = slab.slot_of(ptr)?;
+        let e = self.entry(ci, slot)?;
+        let w = e.word.load(Relaxed);
+        (w & LIVE != 0).then(|| meta(w, e.stream.load(Relaxed)))
+    }
+
+    /// Every live block recorded here.
+    pub(crate) fn snapshot(&self, slab: &Slab) -> Vec<(u64, Meta)> {
+        let mut v = Vec::new();
+        for (ci, c) in self.classes.iter().enumerate() {
+            for (k, chunk) in c.chunks.iter().enumerate() {
+                let Some(entries) = chunk.get() else { continue };
+                for (i, e) in entries.iter().enumerate() {
+                    let w = e.word.load(Relaxed);
+                    if w & LIVE != 0 {
+                        let slot = k as u32 * c.per_chunk + i as u32;
+                        v.push((slab.slot_addr(ci, slot), meta(w, e.stream.load(Relaxed))));
+                    }
+                }
+            }
+        }
+        v
+    }
+}
+
+fn meta(word: u64, stream: u64) -> Meta {
+    Meta {
+        size: word & 0xFFFF_FFFF,
+        tier: Tier::Slab,
+        stamp: Stamp::NONE,
+        ticket: gen_plan::Ticket::NONE,
+        stream,
+        slack: (word >> 32) as u16,
+    }
+}
