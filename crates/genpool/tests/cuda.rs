@@ -468,3 +468,73 @@ fn cross_stream_broken_reuse_is_caught() {
     );
     pool.trim();
 }
+
+/// A block handed to another stream and freed there (PyTorch's `record_stream`, a hand-off): X is
+/// allocated on A, B queues slow work and then `PAT_B` over X, and X is freed on B through the engine
+/// while that runs. A then allocates the same size (its own arena: X itself, by best
+/// fit) and writes `PAT_A` on A. After a synchronize every byte must read `PAT_A`: the engine must have
+/// made A wait for B's work (gen-vmm's `Handoff`: a fence on B, a device-side wait by A) — B's late
+/// `PAT_B` would otherwise land over A's bytes. For the first stream's arena, one arena every stream
+/// shares (`stream_arenas:false`) and the buddy.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn foreign_free_orders_the_arena_stream_after_the_last_user() {
+    let Some(dev) = device() else { return };
+    let t = TwoStreams::new(dev.clone());
+    let cases = [
+        ("", 8 * MIB, Lifetime::Short, Tier::Extent),
+        (
+            "experimental.stream_arenas:false",
+            8 * MIB,
+            Lifetime::Short,
+            Tier::Extent,
+        ),
+        (
+            "experimental.long_tier:buddy",
+            MIB,
+            Lifetime::Long,
+            Tier::Buddy,
+        ),
+    ];
+    for (conf, size, life, tier) in cases {
+        let pool = Pool::new(dev.clone(), Config::parse(conf).unwrap()).unwrap();
+        t.introduce(&pool);
+        let x = pool.alloc(size, t.a, hint(life)).unwrap();
+        assert_eq!(x.tier, tier, "'{conf}'");
+        // B: slow work, then its pattern over X, then the free on B (X's last user).
+        for i in 0..SLOW_REPS {
+            t.dev.memset_async(t.big, i as u8, SLOW_BYTES, t.b).unwrap();
+        }
+        t.dev.memset_async(x.ptr, PAT_B, x.size, t.b).unwrap();
+        t.dev.event_record(t.slow_done, t.b).unwrap();
+        pool.free(x.ptr, t.b).unwrap();
+        let y = pool.alloc(size, t.a, hint(life)).unwrap();
+        let b_running = !t.dev.event_query(t.slow_done).unwrap();
+        if !b_running {
+            assert!(
+                under_sanitizer(),
+                "'{conf}': B finished before A allocated: this run cannot tell a safe engine from an unsafe one"
+            );
+        }
+        t.dev.memset_async(y.ptr, PAT_A, y.size, t.a).unwrap();
+        let (n_a, n_b) = t.settle_and_count(y.ptr, y.size);
+        eprintln!(
+            "'{conf}' {tier:?}: A got {} while B's work was {}",
+            if y.ptr == x.ptr {
+                "X itself"
+            } else {
+                "another block"
+            },
+            if b_running { "still running" } else { "done" }
+        );
+        assert_eq!(
+            (n_a, n_b),
+            (y.size as usize, 0),
+            "'{conf}' {tier:?}: A's block holds {n_b} bytes of B's late pattern: A was not ordered after B"
+        );
+        pool.free(y.ptr, t.a).unwrap();
+        t.dev.synchronize().unwrap();
+        pool.trim();
+        assert_eq!(pool.reserved_now(), 0, "'{conf}': memory left after trim");
+    }
+}
