@@ -3,7 +3,8 @@
 //! one stream of one pool, every 4th freed by the next thread. Prints wall ns per operation over all
 //! threads and the throughput relative to one thread.
 //!
-//! `cargo run --release -p genpool --example threads -- [OPS_PER_THREAD] [T...]`
+//! `cargo run --release -p genpool --example threads -- [OPS_PER_THREAD] [T...]`; `GENPOOL_HANDOFF=N`
+//! hands every Nth block to the next thread instead of every 4th (0: none, every thread frees its own).
 
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
@@ -15,7 +16,7 @@ use genpool::{Config, Hint, Pool};
 
 const SIZES: [u64; 4] = [512, 1024, 2048, 4096];
 
-fn run(threads: usize, ops: usize) -> f64 {
+fn run(threads: usize, ops: usize, handoff: usize) -> f64 {
     let dev = Arc::new(SimDevice::config().capacity(8 << 30).build().unwrap());
     let pool = Arc::new(Pool::new(dev as Arc<dyn Device>, Config::default()).unwrap());
     let queues: Arc<Vec<ArrayQueue<u64>>> =
@@ -33,7 +34,7 @@ fn run(threads: usize, ops: usize) -> f64 {
                     ring.push_back(b.ptr);
                     if ring.len() > 16 {
                         let p = ring.pop_front().unwrap();
-                        if k % 4 == 0 {
+                        if handoff != 0 && k % handoff == 0 {
                             // Handed to the next thread, freed there.
                             if queues[(i + 1) % threads].push(p).is_err() {
                                 pool.free(p, 0).unwrap();
@@ -42,8 +43,10 @@ fn run(threads: usize, ops: usize) -> f64 {
                             pool.free(p, 0).unwrap();
                         }
                     }
-                    if let Some(p) = queues[i].pop() {
-                        pool.free(p, 0).unwrap();
+                    if handoff != 0 {
+                        if let Some(p) = queues[i].pop() {
+                            pool.free(p, 0).unwrap();
+                        }
                     }
                 }
                 for p in ring {
@@ -77,9 +80,13 @@ fn main() {
     } else {
         vec![1, 2, 4, 8, 16]
     };
+    let handoff = std::env::var("GENPOOL_HANDOFF")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
     let mut base = None;
     for t in ts {
-        let ns = run(t, ops);
+        let ns = run(t, ops, handoff);
         let b = *base.get_or_insert(ns);
         println!(
             "threads {t:2}: {ns:7.1} ns/op wall, throughput {:.2}x one thread",

@@ -10,11 +10,13 @@
 //! chosen once), and a slot whose balance passes ±[`FOLD`] bytes folds it into a shared total (rarely
 //! written). The live bytes are the shared total plus every slot — exact whenever read.
 //!
-//! Peaks stay exact too. At an allocation the thread's estimate (the shared total plus its own slot) is
-//! within [`FOLD`] bytes per other slot in use of the truth, so it can only be a new peak if the
-//! estimate plus that margin reaches the peak; then, and only then, the slots in use are summed. With
-//! one thread the margin is zero and nothing is summed; with PyTorch's two (the main thread and
-//! autograd's) the sum runs only within 1 MiB of the peak.
+//! A peak is checked at each allocation against the thread's own view: the shared total plus its own
+//! slot. That is exact when one thread allocates — every other slot is then zero: a thread that has
+//! only freed here (a helper freeing what another allocated) folds its balance at once — and within
+//! [`FOLD`] bytes per other allocating thread otherwise. Summing every slot instead, or only near a
+//! peak, made each allocation read the other threads' lines: measured, that cost more than the shared
+//! counter it replaced (a thread's live bytes are often far below `FOLD`, so "near the peak" was always).
+//! PyTorch's own statistics (`torch.cuda.max_memory_allocated`) are kept by genpool-torch, not here.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -39,8 +41,6 @@ struct Slot {
 #[derive(Default)]
 struct Shared {
     folded: [AtomicI64; TIERS],
-    /// Bit `i`: slot `i` has been used (read on every call, set once per slot).
-    used: AtomicU64,
 }
 
 #[repr(align(64))]
@@ -87,39 +87,18 @@ impl LiveBooks {
     }
 
     /// `bytes` more live in `tier`.
-    /// This thread's slot, marked used.
-    #[inline]
-    fn slot(&self) -> (&Slot, u64) {
-        let i = my_slot();
-        let used = self.shared.used.load(Relaxed);
-        let used = if used & (1 << i) == 0 {
-            self.shared.used.fetch_or(1 << i, Relaxed) | 1 << i
-        } else {
-            used
-        };
-        (&self.slots[i], used)
-    }
-
-    /// `bytes` more live in `tier`.
     #[inline]
     pub(crate) fn add(&self, tier: usize, bytes: u64) {
-        let (slot, used) = self.slot();
+        let slot = &self.slots[my_slot()];
         let n = bytes as i64;
         slot.allocs[tier].fetch_add(1, Relaxed);
         let mine = slot.by_tier[tier].fetch_add(n, Relaxed) + n;
-        // The thread's view (the shared totals and its own slot) is within FOLD of the truth per other
-        // slot in use: only an estimate that comes that close to a peak is checked exactly.
-        let margin = i64::from(used.count_ones() - 1) * FOLD;
-        let est = self.shared.folded[tier].load(Relaxed) + mine;
-        if est + margin > self.peaks.by_tier[tier].load(Relaxed) as i64 {
-            let t = if margin == 0 {
-                est.max(0) as u64
-            } else {
-                self.live_in(tier, used)
-            };
+        let t = (self.shared.folded[tier].load(Relaxed) + mine).max(0) as u64;
+        // Peaks rarely move in a loop's steady state: a plain load keeps the line shared.
+        if t > self.peaks.by_tier[tier].load(Relaxed) {
             self.peaks.by_tier[tier].fetch_max(t, Relaxed);
         }
-        let est_total: i64 = (0..TIERS)
+        let total = (0..TIERS)
             .map(|i| {
                 let own = if i == tier {
                     mine
@@ -128,40 +107,26 @@ impl LiveBooks {
                 };
                 self.shared.folded[i].load(Relaxed) + own
             })
-            .sum();
-        if est_total + margin > self.peaks.total.load(Relaxed) as i64 {
-            let t = if margin == 0 {
-                est_total.max(0) as u64
-            } else {
-                (0..TIERS).map(|i| self.live_in(i, used)).sum()
-            };
-            self.peaks.total.fetch_max(t, Relaxed);
+            .sum::<i64>()
+            .max(0) as u64;
+        if total > self.peaks.total.load(Relaxed) {
+            self.peaks.total.fetch_max(total, Relaxed);
         }
         if mine > FOLD {
             self.fold(slot, tier, mine);
         }
     }
 
-    /// Live bytes in `tier`, summing the slots of `used`.
-    fn live_in(&self, tier: usize, used: u64) -> u64 {
-        let mut s = self.shared.folded[tier].load(Relaxed);
-        let mut m = used;
-        while m != 0 {
-            let i = m.trailing_zeros() as usize;
-            m &= m - 1;
-            s += self.slots[i].by_tier[tier].load(Relaxed);
-        }
-        s.max(0) as u64
-    }
-
     /// `bytes` fewer live in `tier`.
     #[inline]
     pub(crate) fn sub(&self, tier: usize, bytes: u64) {
-        let (slot, _) = self.slot();
+        let slot = &self.slots[my_slot()];
         let n = bytes as i64;
         slot.frees[tier].fetch_add(1, Relaxed);
         let mine = slot.by_tier[tier].fetch_sub(n, Relaxed) - n;
-        if mine < -FOLD {
+        // A slot that never allocated (a thread freeing what others allocated) keeps no balance: other
+        // threads' views stay exact.
+        if mine < -FOLD || (mine < 0 && slot.allocs.iter().all(|a| a.load(Relaxed) == 0)) {
             self.fold(slot, tier, mine);
         }
     }
@@ -176,7 +141,12 @@ impl LiveBooks {
 
     /// Live bytes in `tier` now (every slot read).
     pub(crate) fn live(&self, tier: usize) -> u64 {
-        self.live_in(tier, self.shared.used.load(Relaxed))
+        let s: i64 = self
+            .slots
+            .iter()
+            .map(|s| s.by_tier[tier].load(Relaxed))
+            .sum();
+        (self.shared.folded[tier].load(Relaxed) + s).max(0) as u64
     }
 
     /// Allocations and frees so far, per tier, as `(allocs, frees)`.
@@ -252,42 +222,34 @@ mod tests {
         assert_eq!(b.total_peak(), b.total());
     }
 
-    /// Operations one after another but on different threads (an allocation on one, its free on
-    /// another, as PyTorch's autograd thread frees what the main thread allocated): peaks exact.
+    /// One thread allocates; frees also come from helper threads that only free (the engine's property
+    /// test frees on threads of their own): peaks stay exact.
     #[test]
-    fn sequential_operations_on_several_threads_keep_exact_peaks() {
+    fn frees_on_helper_threads_keep_exact_peaks() {
         let b = Arc::new(LiveBooks::new());
         let (mut live, mut peak) = (0i64, 0i64);
+        let mut held: Vec<u64> = Vec::new();
         let mut x = 99u64;
-        for round in 0..200 {
-            let ops: Vec<(bool, u64)> = (0..50)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    let n = 512 * (1 + (x >> 20) % 4096);
-                    let add = x & 1 == 0 || live < n as i64;
-                    if add {
-                        live += n as i64;
-                    } else {
-                        live -= n as i64;
-                    }
-                    peak = peak.max(live);
-                    (add, n)
-                })
-                .collect();
-            let b2 = b.clone();
-            std::thread::spawn(move || {
-                for (add, n) in ops {
-                    if add {
-                        b2.add(0, n)
-                    } else {
-                        b2.sub(0, n)
-                    }
+        for round in 0..3000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if x % 3 != 0 || held.is_empty() {
+                let n = 512 * (1 + (x >> 20) % 4096);
+                b.add(0, n);
+                held.push(n);
+                live += n as i64;
+                peak = peak.max(live);
+            } else {
+                let n = held.swap_remove((x >> 7) as usize % held.len());
+                live -= n as i64;
+                if x % 2 == 0 {
+                    let b2 = b.clone();
+                    std::thread::spawn(move || b2.sub(0, n)).join().unwrap();
+                } else {
+                    b.sub(0, n);
                 }
-            })
-            .join()
-            .unwrap();
+            }
             assert_eq!(b.total(), live as u64, "round {round}");
             assert_eq!(b.total_peak(), peak as u64, "round {round}");
         }
@@ -317,6 +279,41 @@ mod tests {
         assert_eq!(b.live(0), threads * (3 << 20));
         let peak = b.total_peak();
         assert!(peak <= threads * (3 << 20) + threads * 4096, "{peak}");
-        assert!(peak >= threads * (3 << 20), "{peak}");
+        assert!(
+            peak + (threads - 1) * FOLD as u64 >= threads * (3 << 20),
+            "{peak}"
+        );
+    }
+}
+
+#[cfg(test)]
+mod speed_probe {
+    use super::*;
+    use std::sync::Arc;
+    #[test]
+    #[ignore = "timing probe, run by hand"]
+    fn probe() {
+        for threads in [1usize, 2] {
+            let b = Arc::new(LiveBooks::new());
+            let t0 = std::time::Instant::now();
+            let hs: Vec<_> = (0..threads)
+                .map(|_| {
+                    let b = b.clone();
+                    std::thread::spawn(move || {
+                        for k in 0..10_000_000u64 {
+                            b.add(0, 512 + (k & 7) * 512);
+                            b.sub(0, 512 + (k & 7) * 512);
+                        }
+                    })
+                })
+                .collect();
+            for h in hs {
+                h.join().unwrap();
+            }
+            eprintln!(
+                "{threads}: {:.2} ns per add+sub per thread",
+                t0.elapsed().as_nanos() as f64 / 1e7
+            );
+        }
     }
 }
