@@ -13,13 +13,8 @@
 #   6. training under CUDA graphs: the step captured whole, and reduce-overhead, memory and step time
 # Logs under $OUT (default out/); the summary tables last. STEPS picks steps (default: all).
 set -uo pipefail
-G=${G:-.gpu}
-OUT=${OUT:-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" GENPOOL_LIB="$PWD/$G/bin/libgenpool_torch.so"
-export GENPOOL_SHIM_DIR=/tmp/genpool_cache
-STEPS=${STEPS:-build,rust,compat,dist,memcheck,train}
-has() { [[ ",$STEPS," == *",$1,"* ]]; }
+STEPS_DEFAULT=build,rust,compat,dist,memcheck,train
+. "$(dirname "$0")/env.sh"
 t_start=$(date +%s)
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader

@@ -5,14 +5,9 @@
 # (benches/gpu/torch_replay.py: native, expandable_segments, genpool's backend). STEPS picks steps
 # (default replay,torch). Logs and JSON under $OUT; the table last.
 set -uo pipefail
-G=${G:-.gpu}
-OUT=${OUT:-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" GENPOOL_LIB="$PWD/$G/bin/libgenpool_torch.so"
-export GENPOOL_SHIM_DIR=/tmp/genpool_cache
-STEPS=${STEPS:-replay,torch}
+STEPS_DEFAULT=replay,torch
+. "$(dirname "$0")/env.sh"
 PASSES=${PASSES:-5}
-has() { [[ ",$STEPS," == *",$1,"* ]]; }
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; python3 -c 'import torch; print("torch", torch.__version__)'; nproc; } > "$OUT/machine.txt" 2>&1
 all=(benches/traces/*.csv.gz)
 if has replay; then

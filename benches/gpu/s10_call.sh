@@ -4,14 +4,9 @@
 # bin/threads-{base,new} (crates/genpool/examples/threads.rs), tests/cuda). STEPS picks steps (default
 # tests,threads,replay,torch,tthreads). Logs and JSON under $OUT; the tables last.
 set -uo pipefail
-G=${G:-.gpu}
-OUT=${OUT:-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" GENPOOL_LIB="$PWD/$G/bin/libgenpool_torch.so"
-export GENPOOL_SHIM_DIR=/tmp/genpool_cache
-STEPS=${STEPS:-tests,threads,replay,torch,tthreads}
+STEPS_DEFAULT=tests,threads,replay,torch,tthreads
+. "$(dirname "$0")/env.sh"
 PASSES=${PASSES:-5}
-has() { [[ ",$STEPS," == *",$1,"* ]]; }
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; python3 -c 'import torch; print("torch", torch.__version__)'; nproc; } > "$OUT/machine.txt" 2>&1
 if has tests; then
   timeout 240 "$G"/tests/cuda --include-ignored --test-threads 1 foreign_free cross_stream > "$OUT/cuda_tests.log" 2>&1

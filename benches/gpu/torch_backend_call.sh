@@ -7,13 +7,8 @@
 # memcheck over probes under genpool. Logs under $OUT; the tables last. STEPS picks steps (default: all;
 # session 8's second call was STEPS=compat,threads,train,memcheck).
 set -uo pipefail
-G=${G:-.gpu}
-OUT=${OUT:-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" GENPOOL_LIB="$PWD/$G/bin/libgenpool_torch.so"
-export GENPOOL_SHIM_DIR=/tmp/genpool_cache
-STEPS=${STEPS:-build,compat,replay,threads,train,memcheck}
-has() { [[ ",$STEPS," == *",$1,"* ]]; }
+STEPS_DEFAULT=build,compat,replay,threads,train,memcheck
+. "$(dirname "$0")/env.sh"
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; python3 -c 'import torch; print("torch", torch.__version__)'; c++ --version | head -1; } > "$OUT/machine.txt" 2>&1
 if has build; then
   /usr/bin/time -f "backend build %e s" python3 -c '

@@ -813,9 +813,7 @@ fn foreign_free_orders_the_home_stream_after_the_freeing_stream() {
     see_streams(&pool, &[s, t]);
     let a = pool.alloc(8 * MIB, s, Hint::NONE).unwrap();
     // A kernel on `t` still uses `a` when it is freed there.
-    let ev = dev.event_create().unwrap();
-    dev.pause_stream(t).unwrap();
-    dev.event_record(ev, t).unwrap();
+    let ev = busy(&dev, t);
     assert!(!dev.waits_on(s, t));
     let before = dev.call_counts();
     pool.free(a.ptr, t).unwrap();
@@ -827,8 +825,7 @@ fn foreign_free_orders_the_home_stream_after_the_freeing_stream() {
         b.ptr, a.ptr,
         "s reuses the block at once (its arena, best fit)"
     );
-    dev.resume_stream(t).unwrap();
-    dev.event_destroy(ev).unwrap();
+    idle(&dev, t, ev);
     pool.free(b.ptr, s).unwrap();
     dev.synchronize().unwrap();
     pool.trim();
@@ -850,12 +847,10 @@ fn cache_solo_drain_is_stream_ordered() {
     )
     .unwrap();
     let (s, t) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
-    // The engine sees both streams (small blocks: the slab, not the extent arena's cache).
+    // The engine sees both streams (small blocks: the slab, not the extent arena).
     see_streams(&pool, &[s, t]);
-    let ev = dev.event_create().unwrap();
-    dev.pause_stream(s).unwrap();
-    dev.event_record(ev, s).unwrap();
-    // A large block freed on the busy stream `s`: the extent cache's first stream.
+    let ev = busy(&dev, s);
+    // A large block freed on the busy stream `s`, the shared arena's first allocator.
     let a = pool.alloc(9 * MIB, s, Hint::NONE).unwrap();
     pool.free(a.ptr, s).unwrap();
     let mid = Hint {
@@ -870,7 +865,7 @@ fn cache_solo_drain_is_stream_ordered() {
     let b = pool.alloc(490, t, long).unwrap();
     let overlap = b.ptr < a.ptr + a.size && a.ptr < b.ptr + b.size;
     let ordered = dev.waits_on(t, s);
-    dev.resume_stream(s).unwrap();
+    idle(&dev, s, ev);
     assert!(
         !overlap || ordered,
         "{b:?} on stream t reuses {a:?} freed on busy stream s without waiting for it"
@@ -905,9 +900,7 @@ fn stream_arenas_case(conf: &str) {
     };
     for (home, other) in [(s, t), (t, s)] {
         let a = pool.alloc(8 * MIB, home, short).unwrap();
-        let ev = dev.event_create().unwrap();
-        dev.pause_stream(home).unwrap();
-        dev.event_record(ev, home).unwrap();
+        let ev = busy(&dev, home);
         let before = dev.call_counts();
         pool.free(a.ptr, home).unwrap();
         let after = dev.call_counts();
@@ -926,16 +919,13 @@ fn stream_arenas_case(conf: &str) {
             again.ptr, a.ptr,
             "the freeing stream reuses its block at once"
         );
-        dev.resume_stream(home).unwrap();
-        dev.event_destroy(ev).unwrap();
+        idle(&dev, home, ev);
         pool.free(b.ptr, other).unwrap();
         pool.free(again.ptr, home).unwrap();
     }
     // Allocated on `s`, last used (and freed) on a busy `t`: `s` may have it again only after `t`.
     let c = pool.alloc(8 * MIB, s, short).unwrap();
-    let ev = dev.event_create().unwrap();
-    dev.pause_stream(t).unwrap();
-    dev.event_record(ev, t).unwrap();
+    let ev = busy(&dev, t);
     pool.free(c.ptr, t).unwrap();
     let d = pool.alloc(8 * MIB, s, short).unwrap();
     let overlap = d.ptr < c.ptr + c.size && c.ptr < d.ptr + d.size;
@@ -943,13 +933,26 @@ fn stream_arenas_case(conf: &str) {
         !overlap || dev.waits_on(s, t),
         "{d:?} on s reuses {c:?} freed on busy t without waiting for it"
     );
-    dev.resume_stream(t).unwrap();
-    dev.event_destroy(ev).unwrap();
+    idle(&dev, t, ev);
     pool.free(d.ptr, s).unwrap();
     dev.synchronize().unwrap();
     assert_eq!(pool.allocated(), 0);
     pool.trim();
     assert_eq!(pool.reserved_now(), 0);
+}
+
+/// Pause `s` with work queued on it (an event recorded there): what is freed on `s` now is still in use.
+fn busy(dev: &SimDevice, s: StreamId) -> gen_device::EventHandle {
+    let ev = dev.event_create().unwrap();
+    dev.pause_stream(s).unwrap();
+    dev.event_record(ev, s).unwrap();
+    ev
+}
+
+/// Let `s`'s queued work complete and drop the event [`busy`] recorded.
+fn idle(dev: &SimDevice, s: StreamId, ev: gen_device::EventHandle) {
+    dev.resume_stream(s).unwrap();
+    dev.event_destroy(ev).unwrap();
 }
 
 /// Let `pool` see each of `streams` (a 512 B block allocated and freed on each: the slab, not the extent
