@@ -18,13 +18,24 @@ const SIZES: [u64; 4] = [512, 1024, 2048, 4096];
 
 fn run(threads: usize, ops: usize, handoff: usize) -> f64 {
     let dev = Arc::new(SimDevice::config().capacity(8 << 30).build().unwrap());
-    let pool = Arc::new(Pool::new(dev as Arc<dyn Device>, Config::default()).unwrap());
+    let pool = Arc::new(Pool::new(dev.clone() as Arc<dyn Device>, Config::default()).unwrap());
+    // GENPOOL_POOL_PER_THREAD=1: each thread its own pool (on one device): what sharing costs.
+    let own = std::env::var_os("GENPOOL_POOL_PER_THREAD").is_some();
+    let pools: Vec<Arc<Pool>> = (0..threads)
+        .map(|_| {
+            if own {
+                Arc::new(Pool::new(dev.clone() as Arc<dyn Device>, Config::default()).unwrap())
+            } else {
+                pool.clone()
+            }
+        })
+        .collect();
     let queues: Arc<Vec<ArrayQueue<u64>>> =
         Arc::new((0..threads).map(|_| ArrayQueue::new(1 << 16)).collect());
     let start = Arc::new(Barrier::new(threads + 1));
     let hs: Vec<_> = (0..threads)
         .map(|i| {
-            let (pool, queues, start) = (pool.clone(), queues.clone(), start.clone());
+            let (pool, queues, start) = (pools[i].clone(), queues.clone(), start.clone());
             std::thread::spawn(move || {
                 let mut ring = std::collections::VecDeque::with_capacity(16);
                 start.wait();
