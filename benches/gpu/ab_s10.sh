@@ -11,4 +11,5 @@ for l in sys.stdin:
   d=json.loads(l); print('$r', '$b'.ljust(14), d['trace'][:18].ljust(18), round(d['ns_per_op']), [round(x) for x in d['ns_per_op_passes']])"
 done; done | sort -k3,3 -k2,2 -k1,1
 for h in 4 0; do echo "new, handoff $h"; GENPOOL_HANDOFF=$h .gpu/bin/threads-new 2000000 1 2 4 8 16; done
+echo "new, handoff 0, a pool per thread"; GENPOOL_HANDOFF=0 GENPOOL_POOL_PER_THREAD=1 .gpu/bin/threads-new 2000000 1 2 4 8 16
 echo "base, handoff 4"; .gpu/bin/threads-base 2000000 1 2 4 8 16
