@@ -20,27 +20,4 @@ if has torch; then
 fi
 cat "$OUT/machine.txt"
 tail -3 "$OUT"/*.err 2>/dev/null | tail -12
-python3 - "$OUT" <<'PY'
-import json, sys, os, glob
-out = sys.argv[1]
-rows = []
-for f in ("replay.jsonl", "torch.jsonl"):
-    p = os.path.join(out, f)
-    if not os.path.exists(p):
-        continue
-    for l in open(p):
-        try:
-            d = json.loads(l)
-        except ValueError:
-            continue
-        w = d.get("warm_calls") or {}
-        n = max(d.get("passes", 2) - 1, 1)
-        rows.append((d.get("trace"), d.get("allocator") or d.get("mode"), d.get("ratio"), d.get("ns_per_op"),
-                     w.get("device_syncs", 0) / n if w else None, w.get("maps", 0) / n if w else None,
-                     w.get("event_records", 0) / n if w else None))
-print("| trace | allocator | ratio | warm ns/op | device syncs / warm pass | maps / warm pass | event records / warm pass |")
-print("|---|---|---|---|---|---|---|")
-for r in sorted(rows, key=lambda r: (str(r[0]), str(r[1]))):
-    f = lambda x, p: "-" if x is None else (p % x)
-    print(f"| {r[0]} | {r[1]} | {f(r[2], '%.4f')} | {f(r[3], '%.0f')} | {f(r[4], '%.1f')} | {f(r[5], '%.1f')} | {f(r[6], '%.1f')} |")
-PY
+python3 benches/gpu/replay_table.py "$OUT/replay.jsonl" "$OUT/torch.jsonl"

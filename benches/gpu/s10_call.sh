@@ -34,32 +34,5 @@ cat "$OUT/machine.txt"
 grep -E "^test |test result|rc=|A got|B got" "$OUT/cuda_tests.log" 2>/dev/null
 for f in "$OUT"/threads_*.txt; do [ -f "$f" ] && { echo "== $f"; cat "$f"; }; done
 tail -3 "$OUT"/*.err 2>/dev/null | tail -12
-python3 - "$OUT" <<'PY'
-import json, sys, os
-out = sys.argv[1]
-rows = []
-for f in ("replay_genpool-base.jsonl", "replay_genpool.jsonl", "torch.jsonl"):
-    p = os.path.join(out, f)
-    if not os.path.exists(p):
-        continue
-    tag = {"replay_genpool-base.jsonl": "base", "replay_genpool.jsonl": "new"}.get(f, "")
-    for l in open(p):
-        try:
-            d = json.loads(l)
-        except ValueError:
-            continue
-        w = d.get("warm_calls") or {}
-        n = max(d.get("passes", 2) - 1, 1)
-        rows.append((d.get("trace"), (d.get("allocator") or d.get("mode") or "") + (" " + tag if tag else ""), d.get("ratio"), d.get("ns_per_op"),
-                     w.get("device_syncs", 0) / n if w else None, w.get("maps", 0) / n if w else None,
-                     w.get("event_records", 0) / n if w else None, w.get("stream_waits", 0) / n if w else None))
-print("| trace | allocator | ratio | warm ns/op | syncs / warm pass | maps / warm pass | event records | stream waits |")
-print("|---|---|---|---|---|---|---|---|")
-for r in sorted(rows, key=lambda r: (str(r[0]), str(r[1]))):
-    f = lambda x, p: "-" if x is None else (p % x)
-    print(f"| {r[0]} | {r[1]} | {f(r[2], '%.4f')} | {f(r[3], '%.0f')} | {f(r[4], '%.1f')} | {f(r[5], '%.1f')} | {f(r[6], '%.1f')} | {f(r[7], '%.1f')} |")
-p = os.path.join(out, "tthreads.jsonl")
-if os.path.exists(p):
-    for l in open(p):
-        print(l.strip()[:300])
-PY
+python3 benches/gpu/replay_table.py "$OUT/replay_genpool-base.jsonl:base" "$OUT/replay_genpool.jsonl:new" "$OUT/torch.jsonl"
+cat "$OUT/tthreads.jsonl" 2>/dev/null | cut -c1-300
