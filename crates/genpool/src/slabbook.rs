@@ -10,6 +10,9 @@
 //! on another thread sees the allocation's writes through whatever handed it the pointer, as with the
 //! slab's own `live` flags.
 //!
+//! A chunk's table is kept for the pool's life once made: at most 16 bytes per slot the slab ever
+//! carved (3 % of a 512-byte class's bytes, 0.4 % of a 4 KiB class's), host memory.
+//!
 //! Only blocks without a classifier stamp live here (lifetime routing off, the default); with
 //! `experimental.routing:generational` slab blocks carry stamps and stay in the address map.
 
