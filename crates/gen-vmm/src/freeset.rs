@@ -45,6 +45,42 @@ impl Bits {
         }
     }
 
+    /// Set (`on`) or clear every bit of pages `first..=last`, a word at a time; returns how many changed.
+    fn set_run(&mut self, first: u32, last: u32, on: bool) -> u64 {
+        let (w0, w1) = ((first / 64) as usize, (last / 64) as usize);
+        if on && w1 >= self.words.len() {
+            self.words.resize(w1 + 1, 0);
+            self.summary.resize(self.words.len().div_ceil(64), 0);
+        }
+        if w0 >= self.words.len() {
+            return 0;
+        }
+        let mut changed = 0u64;
+        for wi in w0..=w1.min(self.words.len() - 1) {
+            let lo = if wi == w0 { first % 64 } else { 0 };
+            let hi = if wi == w1 { last % 64 } else { 63 };
+            let mask = (u64::MAX >> (63 - hi)) & (u64::MAX << lo);
+            let w = &mut self.words[wi];
+            if on {
+                changed += u64::from((mask & !*w).count_ones());
+                *w |= mask;
+                self.summary[wi / 64] |= 1 << (wi % 64);
+            } else {
+                changed += u64::from((mask & *w).count_ones());
+                *w &= !mask;
+                if *w == 0 {
+                    self.summary[wi / 64] &= !(1 << (wi % 64));
+                }
+            }
+        }
+        if on {
+            self.count += changed;
+        } else {
+            self.count -= changed;
+        }
+        changed
+    }
+
     fn highest(&self) -> Option<u32> {
         let (si, s) = self
             .summary
@@ -84,6 +120,28 @@ impl FreeSet {
             .get_mut(rid as usize)
             .is_some_and(|b| b.remove(pidx));
         self.len -= u64::from(removed);
+        removed
+    }
+
+    /// Add pages `first..=last` of region `rid` (a run: one bit operation per 64 pages, where a free of a
+    /// block of many pages made one call per page). Returns how many were not there.
+    pub(crate) fn insert_run(&mut self, rid: u32, first: u32, last: u32) -> u64 {
+        let r = rid as usize;
+        if r >= self.regions.len() {
+            self.regions.resize_with(r + 1, Bits::default);
+        }
+        let added = self.regions[r].set_run(first, last, true);
+        self.len += added;
+        added
+    }
+
+    /// Remove pages `first..=last` of region `rid`; returns how many were there.
+    pub(crate) fn remove_run(&mut self, rid: u32, first: u32, last: u32) -> u64 {
+        let removed = self
+            .regions
+            .get_mut(rid as usize)
+            .map_or(0, |b| b.set_run(first, last, false));
+        self.len -= removed;
         removed
     }
 
@@ -129,6 +187,8 @@ mod tests {
     enum Op {
         Insert(u32, u32),
         Remove(u32, u32),
+        InsertRun(u32, u32, u32),
+        RemoveRun(u32, u32, u32),
         Pop,
         DropRegion(u32),
     }
@@ -143,7 +203,9 @@ mod tests {
         ];
         prop_oneof![
             4 => (page.clone(), 0..4u32).prop_map(|(p, r)| Op::Insert(p, r)),
-            2 => (page, 0..4u32).prop_map(|(p, r)| Op::Remove(p, r)),
+            2 => (page.clone(), 0..4u32).prop_map(|(p, r)| Op::Remove(p, r)),
+            2 => (page.clone(), 0..300u32, 0..4u32).prop_map(|(p, n, r)| Op::InsertRun(p, p + n, r)),
+            2 => (page, 0..300u32, 0..4u32).prop_map(|(p, n, r)| Op::RemoveRun(p, p + n, r)),
             2 => Just(Op::Pop),
             1 => (0..4u32).prop_map(Op::DropRegion),
         ]
@@ -160,6 +222,14 @@ mod tests {
                 match op {
                     Op::Insert(p, r) => prop_assert_eq!(f.insert((p, r)), m.insert((p, r))),
                     Op::Remove(p, r) => prop_assert_eq!(f.remove(&(p, r)), m.remove(&(p, r))),
+                    Op::InsertRun(a, b, r) => {
+                        let n = (a..=b).filter(|&p| m.insert((p, r))).count() as u64;
+                        prop_assert_eq!(f.insert_run(r, a, b), n);
+                    }
+                    Op::RemoveRun(a, b, r) => {
+                        let n = (a..=b).filter(|&p| m.remove(&(p, r))).count() as u64;
+                        prop_assert_eq!(f.remove_run(r, a, b), n);
+                    }
                     Op::Pop => prop_assert_eq!(f.pop_last(), m.pop_last()),
                     Op::DropRegion(r) => {
                         f.remove_region(r);

@@ -1778,6 +1778,8 @@ impl PagePool {
             let epoch = *epoch;
             let r = regions[rid as usize].as_mut().expect("registered region");
             let own_stream = r.stream.is_some();
+            // Pages left free and mapped join the free set in runs (one bit operation per 64 pages).
+            let mut run: Option<(u32, u32)> = None;
             for pidx in first..=last {
                 let i = pidx as usize;
                 if let Some(bit) = bit {
@@ -1820,10 +1822,21 @@ impl PagePool {
                     continue;
                 }
                 if lazy {
-                    free_mapped.insert((pidx as u32, rid));
+                    let p = pidx as u32;
+                    run = match run {
+                        Some((a, b)) if b + 1 == p => Some((a, p)),
+                        Some((a, b)) => {
+                            free_mapped.insert_run(rid, a, b);
+                            Some((p, p))
+                        }
+                        None => Some((p, p)),
+                    };
                 } else {
                     eager.push(pidx as u32);
                 }
+            }
+            if let Some((a, b)) = run {
+                free_mapped.insert_run(rid, a, b);
             }
         }
         for pidx in eager {
@@ -1974,6 +1987,8 @@ fn take_backed(g: &mut Inner, rid: u32, first: u64, last: u64) -> Vec<u32> {
         ..
     } = g;
     let r = regions[rid as usize].as_mut().expect("registered region");
+    // Revived pages leave the free set in runs (one bit operation per 64 pages).
+    let mut run: Option<(u32, u32)> = None;
     for pidx in first..=last {
         let p = &mut r.hot[pidx as usize];
         if p.refs > 0 {
@@ -1981,13 +1996,24 @@ fn take_backed(g: &mut Inner, rid: u32, first: u64, last: u64) -> Vec<u32> {
         } else if p.backed() {
             p.refs = 1;
             r.in_use += 1;
-            free_mapped.remove(&(pidx as u32, rid));
+            let q = pidx as u32;
+            run = match run {
+                Some((a, b)) if b + 1 == q => Some((a, q)),
+                Some((a, b)) => {
+                    free_mapped.remove_run(rid, a, b);
+                    Some((q, q))
+                }
+                None => Some((q, q)),
+            };
             stats.revivals += 1;
             stats.pages_in_use += 1;
             stats.pages_in_use_peak = stats.pages_in_use_peak.max(stats.pages_in_use);
         } else {
             unbacked.push(pidx as u32);
         }
+    }
+    if let Some((a, b)) = run {
+        free_mapped.remove_run(rid, a, b);
     }
     unbacked
 }
