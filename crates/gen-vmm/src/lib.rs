@@ -1822,15 +1822,9 @@ impl PagePool {
                     continue;
                 }
                 if lazy {
-                    let p = pidx as u32;
-                    run = match run {
-                        Some((a, b)) if b + 1 == p => Some((a, p)),
-                        Some((a, b)) => {
-                            free_mapped.insert_run(rid, a, b);
-                            Some((p, p))
-                        }
-                        None => Some((p, p)),
-                    };
+                    extend_run(&mut run, pidx as u32, |a, b| {
+                        free_mapped.insert_run(rid, a, b);
+                    });
                 } else {
                     eager.push(pidx as u32);
                 }
@@ -1996,15 +1990,9 @@ fn take_backed(g: &mut Inner, rid: u32, first: u64, last: u64) -> Vec<u32> {
         } else if p.backed() {
             p.refs = 1;
             r.in_use += 1;
-            let q = pidx as u32;
-            run = match run {
-                Some((a, b)) if b + 1 == q => Some((a, q)),
-                Some((a, b)) => {
-                    free_mapped.remove_run(rid, a, b);
-                    Some((q, q))
-                }
-                None => Some((q, q)),
-            };
+            extend_run(&mut run, pidx as u32, |a, b| {
+                free_mapped.remove_run(rid, a, b);
+            });
             stats.revivals += 1;
             stats.pages_in_use += 1;
             stats.pages_in_use_peak = stats.pages_in_use_peak.max(stats.pages_in_use);
@@ -2016,6 +2004,20 @@ fn take_backed(g: &mut Inner, rid: u32, first: u64, last: u64) -> Vec<u32> {
         free_mapped.remove_run(rid, a, b);
     }
     unbacked
+}
+
+/// Add page `p` to the run of consecutive pages being collected, handing a run it does not continue to
+/// `flush(first, last)` first. The caller flushes what is left at the end.
+#[inline]
+fn extend_run(run: &mut Option<(u32, u32)>, p: u32, mut flush: impl FnMut(u32, u32)) {
+    *run = match *run {
+        Some((a, b)) if b + 1 == p => Some((a, p)),
+        Some((a, b)) => {
+            flush(a, b);
+            Some((p, p))
+        }
+        None => Some((p, p)),
+    };
 }
 
 /// The epoch of the zombie mapping at `(rid, pidx)`, if there is one (`None` too for a dropped region).
