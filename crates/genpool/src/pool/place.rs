@@ -2,7 +2,7 @@
 //! (CUDA graph trees re-create, at the addresses a graph baked in, the blocks that were live when the
 //! checkpoint was taken). A child of `pool` so that it books the block exactly as `Pool::alloc` does.
 
-use gen_classifier::Features;
+use gen_classifier::Stamp;
 use gen_device::StreamId;
 use gen_plan::Ticket;
 
@@ -35,24 +35,15 @@ impl Pool {
         let requested = size;
         let size = size.div_ceil(ALIGN) * ALIGN;
         self.note_stream(stream);
-        let stamp = self.classifier.on_alloc(&Features {
-            size,
-            stream,
-            device: self.hot.ordinal,
-            site: None,
-            hint: None,
-        });
-        if let Err(e) = self.extents.alloc_at(ptr, size) {
-            // Balance the classifier's books, as a failed `alloc` does.
-            self.classifier.on_free(&stamp, size);
-            return Err(e.into());
-        }
-        self.meta.insert(
+        // Only pools routing every block to the extent tier place blocks: they make no prediction (as
+        // `alloc` with that routing), so there is no stamp to learn from at the free either.
+        self.extents.alloc_at(ptr, size)?;
+        self.record(
             ptr,
             Meta {
                 size,
                 tier: Tier::Extent,
-                stamp,
+                stamp: Stamp::NONE,
                 ticket: Ticket::NONE,
                 stream,
                 slack: (size - requested) as u16,
