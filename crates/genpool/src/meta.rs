@@ -230,6 +230,8 @@ impl MetaTable {
         v
     }
 
+    /// Live blocks in the table (the engine counts its blocks per thread: `Pool::live_blocks`).
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.shards.iter().map(|s| s.lock().live.len).sum()
     }

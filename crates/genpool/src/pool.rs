@@ -891,9 +891,13 @@ impl Pool {
         self.books.total()
     }
 
-    /// Number of live blocks.
+    /// Number of live blocks (allocations minus frees, from the per-thread counts: no table is walked).
     pub fn live_blocks(&self) -> usize {
-        self.meta.len() + self.slab_book.snapshot(&self.slab).len()
+        self.books
+            .counts()
+            .iter()
+            .map(|&(a, f)| a.saturating_sub(f))
+            .sum::<u64>() as usize
     }
 
     /// The tier and size of a live block, if `ptr` is one.
