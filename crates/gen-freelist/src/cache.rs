@@ -6,7 +6,9 @@ use std::cell::Cell;
 use crossbeam_utils::CachePadded;
 
 use crate::freelist::FreeList;
-use crate::links::{check_all, pack, tagged_pop, tagged_push_chain, unpack, NIL};
+use crate::links::{
+    check_all, link_slice, pack, tagged_pop, tagged_pop_run, tagged_push_chain, unpack, NIL,
+};
 use crate::sync::{AtomicU64, Ordering};
 use crate::FreeListError;
 
@@ -296,11 +298,93 @@ impl FrontCache {
         self.pop_slow(home)
     }
 
+    /// The home shard is empty: a run from the global stack (one CAS), the first slot returned and the
+    /// rest cached in the home shard, so that a thread's slots are neighbours — slots carved in order
+    /// come back as a run — and two threads' slots do not interleave on the cache lines of per-slot
+    /// arrays (this list's links, a caller's per-slot records). Else a slot from another shard.
     #[cold]
     fn pop_slow(&self, home: usize) -> Option<u32> {
-        if let Some(idx) = self.list.pop() {
+        if let Some(idx) = self.pop_global_run(home) {
             return Some(idx);
         }
+        self.steal_from_others(home)
+    }
+
+    /// A run from the global stack into the (empty) home shard; returns its first slot.
+    #[cold]
+    fn pop_global_run(&self, home: usize) -> Option<u32> {
+        let links = self.list.links();
+        let global = self.list_head();
+        if let Some((first, last, n)) =
+            tagged_pop_run(global, links, self.shard_capacity, |tag, _| {
+                tag.wrapping_add(1)
+            })
+        {
+            if n > 1 {
+                // The run is ours: `first`'s link names the second slot.
+                let second = links[first as usize].load(Ordering::Relaxed);
+                let k = n - 1;
+                let cap = self.shard_capacity;
+                let cached = tagged_push_chain(&self.shards[home], links, second, last, |meta| {
+                    let depth = meta & COUNT_MASK;
+                    (depth + k <= cap)
+                        .then(|| ((meta & !COUNT_MASK).wrapping_add(TAG_ONE)) | (depth + k))
+                });
+                if !cached {
+                    // Refilled meanwhile by a free: the rest goes back.
+                    tagged_push_chain(global, links, second, last, |tag| Some(tag.wrapping_add(1)));
+                }
+            }
+            return Some(first);
+        }
+        None
+    }
+
+    /// A free slot from the calling thread's shard or the global stack, never from another thread's
+    /// shard (see [`pop`](Self::pop), which also takes from those, and [`steal`](Self::steal)).
+    #[inline]
+    pub fn pop_near(&self) -> Option<u32> {
+        let home = self.shard_index(thread_hint());
+        if let Some(idx) = self.shard_pop(home) {
+            return Some(idx);
+        }
+        self.pop_global_run(home)
+    }
+
+    /// Frees the slots of `idxs` (distinct, owned by the caller): as many as the calling thread's shard has
+    /// room for go there — `idxs[0]` pops first — the rest to the global stack (one CAS each). For a run
+    /// of neighbours the thread is about to use, e.g. a chunk just carved for it.
+    ///
+    /// # Panics
+    /// If an index is `>= capacity()`.
+    pub fn push_run_near(&self, idxs: &[u32]) {
+        let home = &self.shards[self.shard_index(thread_hint())];
+        let links = self.list.links();
+        let depth = unpack(home.load(Ordering::Relaxed)).1 & COUNT_MASK;
+        let room = (self.shard_capacity.saturating_sub(depth) as usize).min(idxs.len());
+        let (near, rest) = idxs.split_at(room);
+        if let Some((first, last)) = link_slice(links, near) {
+            let k = near.len() as u32;
+            let cap = self.shard_capacity;
+            let cached = tagged_push_chain(home, links, first, last, |meta| {
+                let depth = meta & COUNT_MASK;
+                (depth + k <= cap)
+                    .then(|| ((meta & !COUNT_MASK).wrapping_add(TAG_ONE)) | (depth + k))
+            });
+            if !cached {
+                self.list.push_chain(near);
+            }
+        }
+        self.list.push_chain(rest);
+    }
+
+    /// A free slot from another thread's shard (the last resort of [`pop`](Self::pop)).
+    pub fn steal(&self) -> Option<u32> {
+        self.steal_from_others(self.shard_index(thread_hint()))
+    }
+
+    #[cold]
+    fn steal_from_others(&self, home: usize) -> Option<u32> {
         let n = self.shards.len();
         (1..n).find_map(|k| self.shard_pop((home + k) % n))
     }

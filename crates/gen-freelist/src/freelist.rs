@@ -4,7 +4,8 @@ use crossbeam_utils::CachePadded;
 
 use crate::chain::{Chain, Home};
 use crate::links::{
-    alloc_links, check_all, link_slice, pack, tagged_pop, tagged_push_chain, unpack, NIL,
+    alloc_links, check_all, link_slice, pack, tagged_pop, tagged_pop_run, tagged_push_chain,
+    unpack, NIL,
 };
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 use crate::FreeListError;
@@ -95,6 +96,26 @@ impl FreeList {
     #[inline]
     pub fn pop(&self) -> Option<u32> {
         tagged_pop(&self.head, &self.links, |tag| tag.wrapping_add(1))
+    }
+
+    /// Pops up to `max` slots (≥ 1) with one successful CAS, in the order [`pop`](Self::pop) would return
+    /// them; empty when the list was empty when looked at. Slots pushed in ascending order by
+    /// [`push_chain`](Self::push_chain) come back as one run of neighbours.
+    pub fn pop_run(&self, max: usize) -> Vec<u32> {
+        let max = max.clamp(1, u32::MAX as usize) as u32;
+        match tagged_pop_run(&self.head, &self.links, max, |tag, _| tag.wrapping_add(1)) {
+            None => Vec::new(),
+            Some((first, _, n)) => {
+                // The chain is ours now: its links are stable.
+                let mut out = Vec::with_capacity(n as usize);
+                let mut at = first;
+                for _ in 0..n {
+                    out.push(at);
+                    at = self.links[at as usize].load(Ordering::Relaxed);
+                }
+                out
+            }
+        }
     }
 
     /// Pushes every slot of `idxs` with one successful CAS: the slots are linked privately first, then the

@@ -81,6 +81,47 @@ pub(crate) fn tagged_pop(
     }
 }
 
+/// Pops up to `max` (≥ 1) slots from the top of the tagged stack `head` with one successful CAS: returns
+/// `(first, last, n)`, the popped chain `first -> ... -> last` of `n` slots as it was linked on the stack
+/// (`links[last]` still names the slot below it: the caller relinks it), or `None` if the stack was empty.
+/// `next_meta` maps the old `meta` and `n` to the new one.
+///
+/// The walk reads links of slots that are not the caller's yet: another thread may pop and push them
+/// meanwhile, but then `meta` changed and the CAS fails, so a successful CAS means the chain walked was
+/// the stack's top the whole time.
+#[inline]
+pub(crate) fn tagged_pop_run(
+    head: &AtomicU64,
+    links: &[AtomicU32],
+    max: u32,
+    next_meta: impl Fn(u32, u32) -> u32,
+) -> Option<(u32, u32, u32)> {
+    let mut cur = head.load(Ordering::Acquire);
+    loop {
+        let (top, meta) = unpack(cur);
+        if top == NIL {
+            return None;
+        }
+        let (mut last, mut n) = (top, 1);
+        // Every link ever stored is a checked index or NIL, so `last` stays in range.
+        let mut next = links[last as usize].load(Ordering::Relaxed);
+        while n < max && next != NIL {
+            last = next;
+            n += 1;
+            next = links[last as usize].load(Ordering::Relaxed);
+        }
+        match head.compare_exchange_weak(
+            cur,
+            pack(next, next_meta(meta, n)),
+            Ordering::Acquire,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => return Some((top, last, n)),
+            Err(actual) => cur = actual,
+        }
+    }
+}
+
 /// Pushes the already linked chain `first ..= last` (whose bottom link, `links[last]`, this function sets)
 /// onto the tagged stack `head` with one successful CAS. `next_meta` maps the old `meta` to the new one, or
 /// returns `None` to refuse the push (a bounded stack that is full); then `false` is returned.

@@ -118,7 +118,7 @@ impl Default for SlabConfig {
             max_slots_per_class: 1 << 18,
             chunk_bytes: 0,
             shards: 0,
-            shard_capacity: 32,
+            shard_capacity: 63,
         }
     }
 }
@@ -444,10 +444,16 @@ impl Slab {
         };
         let c = &self.class[ci];
         if let Some(t) = self.streams.find(stream) {
-            if let Some(slot) = c.lists[t].get().and_then(FrontCache::pop) {
-                return Ok(self.hand_out(c, slot));
-            }
-            if let Some(slot) = c.lists[IDLE].get().and_then(FrontCache::pop) {
+            // The thread's own slots first (its shard, then a run from the global stack), on its stream
+            // then idle; only then another thread's: taking a neighbour's freed slots interleaves the
+            // two threads' slots on shared cache lines (links, live flags, the owner's records).
+            let (own, idle) = (c.lists[t].get(), c.lists[IDLE].get());
+            let slot = own
+                .and_then(FrontCache::pop_near)
+                .or_else(|| idle.and_then(FrontCache::pop_near))
+                .or_else(|| own.and_then(FrontCache::steal))
+                .or_else(|| idle.and_then(FrontCache::steal));
+            if let Some(slot) = slot {
                 return Ok(self.hand_out(c, slot));
             }
         }
@@ -852,9 +858,11 @@ impl Slab {
         let first = k * c.slots_per_chunk;
         g.scratch.clear();
         g.scratch.extend(first + 1..first + c.slots_per_chunk);
+        // The carving thread keeps the chunk's first run in its shard (its slots neighbours, not another
+        // thread's), the rest is for every thread.
         match for_stream {
-            Some((own, _, _)) if ordered => own.global().push_chain(&g.scratch),
-            _ => idle.global().push_chain(&g.scratch),
+            Some((own, _, _)) if ordered => own.push_run_near(&g.scratch),
+            _ => idle.push_run_near(&g.scratch),
         }
         Ok(first)
     }

@@ -114,6 +114,53 @@ fn dropped_chain_returns_rest_while_others_pop() {
     });
 }
 
+/// A run pop walks links of slots it does not own yet: another thread pops two and pushes one back
+/// meanwhile (the ABA shape). The run taken must be slots that were on the stack together, each once.
+#[test]
+fn pop_run_races_pop_pop_push() {
+    run_model(|| {
+        let list = Arc::new(FreeList::new_full(4).unwrap());
+        let l2 = Arc::clone(&list);
+        let t = thread::spawn(move || {
+            let a = l2.pop();
+            let b = l2.pop();
+            if let Some(a) = a {
+                l2.push(a);
+            }
+            b
+        });
+        let run = list.pop_run(3);
+        let theirs = t.join().unwrap();
+        assert!(!run.is_empty(), "four slots, at most one held elsewhere");
+        let mut all = run;
+        all.extend(theirs);
+        all.extend(drain(&list));
+        assert_permutation(all, 4);
+    });
+}
+
+/// Two threads take runs from one front cache's global stack and free into their shards.
+#[test]
+fn front_cache_runs_race() {
+    run_model(|| {
+        let fc = Arc::new(FrontCache::new_full(4, 2, 2).unwrap());
+        let f2 = Arc::clone(&fc);
+        let t = thread::spawn(move || {
+            let got = f2.pop_near();
+            if let Some(i) = got {
+                f2.push(i);
+            }
+            f2.pop_near()
+        });
+        let mine = fc.pop_near();
+        let theirs = t.join().unwrap();
+        let mut all: Vec<u32> = mine.into_iter().chain(theirs).collect();
+        fc.flush_shards();
+        all.extend(drain(fc.global()));
+        assert_permutation(all, 4);
+    });
+}
+
 #[test]
 fn transfer_stack_two_producers_one_consumer() {
     run_model(|| {

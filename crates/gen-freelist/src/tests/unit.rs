@@ -313,11 +313,61 @@ fn front_cache_thread_shard_is_stable() {
     let fc = FrontCache::new_full(8, 4, 2).unwrap();
     let home = fc.home_shard();
     assert_eq!(home, fc.home_shard());
+    // The first pop takes a run from the global stack: slot 0 now, slot 1 cached in the home shard.
     let idx = fc.pop().unwrap();
-    fc.push(idx);
+    assert_eq!(idx, 0);
     assert_eq!(fc.shard_depths().nth(home), Some(1));
+    fc.push(idx);
+    assert_eq!(fc.shard_depths().nth(home), Some(2));
     assert_eq!(fc.pop(), Some(idx));
+    assert_eq!(fc.pop(), Some(1));
     assert!(fc.try_push(8).is_err());
+}
+
+/// A thread's pops from the global stack come as runs of neighbours, so two threads' slots do not
+/// interleave; `pop_near` never takes another thread's cached slots, `steal` only those.
+#[test]
+fn front_cache_runs_keep_threads_slots_apart() {
+    let fc = std::sync::Arc::new(FrontCache::new_full(64, 4, 8).unwrap());
+    let mine: Vec<u32> = (0..8).map(|_| fc.pop_near().unwrap()).collect();
+    assert_eq!(mine, (0..8).collect::<Vec<_>>());
+    let fc2 = fc.clone();
+    let theirs: Vec<u32> = std::thread::spawn(move || {
+        let got: Vec<u32> = (0..3).map(|_| fc2.pop_near().unwrap()).collect();
+        // Freed back: cached in that thread's shard (5 run slots left there, then these 3).
+        for &i in &got {
+            fc2.push(i);
+        }
+        got
+    })
+    .join()
+    .unwrap();
+    assert_eq!(theirs, vec![8, 9, 10]);
+    // This thread's shard is empty and pop_near goes to the global stack, never to the other shard.
+    assert_eq!(fc.pop_near(), Some(16));
+    let depths: Vec<usize> = fc.shard_depths().collect();
+    assert_eq!(depths.iter().sum::<usize>(), 7 + 8, "{depths:?}");
+    // steal takes from the other thread's shard.
+    let stolen = fc.steal().unwrap();
+    assert!((8..16).contains(&stolen), "{stolen}");
+    // push_run_near caches what fits in the home shard (8 - 7 = 1 here), the rest goes global.
+    let home = fc.home_shard();
+    let before = fc.shard_depths().nth(home).unwrap();
+    assert_eq!(before, 7);
+    fc.push_run_near(&mine[..3]);
+    assert_eq!(fc.shard_depths().nth(home), Some(8));
+    assert_eq!(fc.pop(), Some(mine[0]));
+}
+
+#[test]
+fn free_list_pop_run_takes_the_top_in_order() {
+    let list = FreeList::new_full(10).unwrap();
+    assert_eq!(list.pop_run(4), vec![0, 1, 2, 3]);
+    assert_eq!(list.pop_run(100), vec![4, 5, 6, 7, 8, 9]);
+    assert!(list.pop_run(3).is_empty());
+    list.push_chain(&[7, 3]);
+    assert_eq!(list.pop_run(1), vec![7]);
+    assert_eq!(list.pop(), Some(3));
 }
 
 #[test]
