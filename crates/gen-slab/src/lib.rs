@@ -1034,6 +1034,21 @@ impl Slab {
         if g.carved == 0 {
             return Ok(0);
         }
+        // Only a chunk none of whose slots is live can go: when every committed chunk still has a live
+        // slot (the common case when an allocation is about to take memory elsewhere), nothing below
+        // could be reclaimed — skip taking every list apart. A racing free or allocation changes no
+        // outcome: a slot between its list and its live flag is in neither, so its chunk stays either way.
+        let spc = c.slots_per_chunk as usize;
+        let may_be_empty = |k: usize| c.live[k * spc..(k + 1) * spc].iter().all(|b| b.load(Relaxed) == 0);
+        if g.pending.is_empty()
+            && !g
+                .committed
+                .iter()
+                .enumerate()
+                .any(|(k, &on)| on && may_be_empty(k))
+        {
+            return Ok(0);
+        }
         // Origin of each taken slot: a stream slot, IDLE (safe), or PENDING (its batch's event).
         const PENDING: u8 = u8::MAX;
         let mut taken: Vec<(u32, u8)> = Vec::new();
