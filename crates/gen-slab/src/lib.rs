@@ -1039,7 +1039,11 @@ impl Slab {
         // could be reclaimed — skip taking every list apart. A racing free or allocation changes no
         // outcome: a slot between its list and its live flag is in neither, so its chunk stays either way.
         let spc = c.slots_per_chunk as usize;
-        let may_be_empty = |k: usize| c.live[k * spc..(k + 1) * spc].iter().all(|b| b.load(Relaxed) == 0);
+        let may_be_empty = |k: usize| {
+            c.live[k * spc..(k + 1) * spc]
+                .iter()
+                .all(|b| b.load(Relaxed) == 0)
+        };
         if g.pending.is_empty()
             && !g
                 .committed
