@@ -900,6 +900,17 @@ impl PagePool {
         )
     }
 
+    /// The one stream `mask` names, if it names exactly one known stream (no list built: this runs for
+    /// every page a move settles).
+    fn mask_stream(g: &Inner, mask: u64) -> Option<StreamId> {
+        if mask & UNKNOWN_STREAM != 0 || mask.count_ones() != 1 {
+            return None;
+        }
+        g.stream_fences
+            .get(mask.trailing_zeros() as usize)
+            .map(|sf| sf.stream)
+    }
+
     /// A fence on `stream` covering everything queued there up to epoch `epoch`: the newest one recorded
     /// there if it is that recent, else a new one. Returns its event and epoch.
     fn fence_on(
@@ -1646,11 +1657,7 @@ impl PagePool {
             )
         };
         // A region of no stream: the one stream that used the page's bytes, when the mask names one.
-        let stream = match (stream, Self::mask_streams(g, mask).as_deref()) {
-            (Some(s), _) => Some(s),
-            (None, Some([s])) => Some(*s),
-            _ => None,
-        };
+        let stream = stream.or_else(|| Self::mask_stream(g, mask));
         if !hot.warm(g.done_epoch) {
             return Ok(Settled::Idle);
         }
