@@ -6,13 +6,9 @@
 //! ping-pong was 30 % of a free with two threads, and throughput fell as threads were added (0.59× one
 //! thread's with two, on the 2-core build machine; 0.66× with 16 on the H200 host).
 //!
-//! Here each thread adds to a slot of its own (one line per slot, [`SLOTS`] of them, a thread's slot
-//! claimed once and given back when it exits), and a slot whose balance passes ±[`FOLD`] bytes folds it
-//! into a shared total (rarely written). The live bytes are the shared total plus every slot — exact
-//! whenever read. A slot has one writer, its thread, so its counters are updated with a plain load and
-//! store, not a locked read-modify-write (a locked add also waits for the core's earlier stores to
-//! drain, among them stores to lines other threads share); threads beyond [`SLOTS`] share one more
-//! slot with atomic adds.
+//! Here each thread adds to a slot of its own ([`crate::thread_slot`]: one line per slot, plain stores
+//! by its one writer), and a slot whose balance passes ±[`FOLD`] bytes folds it into a shared total
+//! (rarely written). The live bytes are the shared total plus every slot — exact whenever read.
 //!
 //! A peak is checked at each allocation against the thread's own view: the shared total plus its own
 //! slot. That is exact when one thread allocates — every other slot is then zero: a thread that has
@@ -22,17 +18,10 @@
 //! counter it replaced (a thread's live bytes are often far below `FOLD`, so "near the peak" was always).
 //! PyTorch's own statistics (`torch.cuda.max_memory_allocated`) are kept by genpool-torch, not here.
 
-use std::cell::Cell;
-use std::sync::atomic::{
-    AtomicI64, AtomicU64,
-    Ordering::{Acquire, Relaxed, Release},
-};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 
-/// Per-thread slots (at most 64: one bit each in `CLAIMED`). Threads beyond share one more slot,
-/// counting with atomic adds: correct, only slower.
-pub(crate) const SLOTS: usize = 64;
-/// The slot threads without one of their own share (and a thread whose slot is already given back).
-const SHARED_SLOT: usize = SLOTS;
+use crate::thread_slot::{self, Slot, SLOTS};
+
 /// A slot's balance past which it folds into the shared total.
 pub(crate) const FOLD: i64 = 1 << 20;
 /// Tiers counted (the engine's four).
@@ -40,7 +29,7 @@ pub(crate) const TIERS: usize = 4;
 
 #[repr(align(64))]
 #[derive(Default)]
-struct Slot {
+struct Counts {
     by_tier: [AtomicI64; TIERS],
     /// Allocations and frees counted by this slot's threads, per tier.
     allocs: [AtomicU64; TIERS],
@@ -62,93 +51,15 @@ struct Peaks {
 
 /// Live bytes per tier and in all, with peaks. See the [module docs](self).
 pub(crate) struct LiveBooks {
-    slots: Box<[Slot]>,
+    slots: Box<[Counts]>,
     shared: Shared,
     peaks: Peaks,
-}
-
-/// Which slots a live thread holds as its own (bit `i`: slot `i`).
-static CLAIMED: AtomicU64 = AtomicU64::new(0);
-
-/// A thread's slot: `own` when no other live thread writes it (then its counters are updated with a
-/// plain load and store, not a locked read-modify-write); given back when the thread exits.
-struct MySlot {
-    index: Cell<usize>,
-    own: Cell<bool>,
-}
-
-impl Drop for MySlot {
-    fn drop(&mut self) {
-        if self.own.get() {
-            // Release: the next thread to claim the slot sees every value written here.
-            CLAIMED.fetch_and(!(1u64 << self.index.get()), Release);
-        }
-    }
-}
-
-thread_local! {
-    /// This thread's slot (`usize::MAX` until first use).
-    static MY_SLOT: MySlot = const { MySlot { index: Cell::new(usize::MAX), own: Cell::new(false) } };
-}
-
-#[cold]
-fn claim_slot() -> (usize, bool) {
-    let mut taken = CLAIMED.load(Relaxed);
-    while taken != u64::MAX {
-        let i = (!taken).trailing_zeros() as usize;
-        // Acquire: the values the slot's last owner wrote before giving it back.
-        match CLAIMED.compare_exchange_weak(taken, taken | (1 << i), Acquire, Relaxed) {
-            Ok(_) => return (i, true),
-            Err(now) => taken = now,
-        }
-    }
-    (SHARED_SLOT, false)
-}
-
-/// This thread's slot index and whether it is its own.
-#[inline]
-fn my_slot() -> (usize, bool) {
-    MY_SLOT
-        .try_with(|m| {
-            let i = m.index.get();
-            if i != usize::MAX {
-                return (i, m.own.get());
-            }
-            let (i, own) = claim_slot();
-            m.index.set(i);
-            m.own.set(own);
-            (i, own)
-        })
-        // The thread is exiting (its slot given back): count through a shared slot.
-        .unwrap_or((SHARED_SLOT, false))
-}
-
-/// `a += n` on a slot counter: a plain load and store when the slot is the thread's own (no other
-/// writer), else an atomic add.
-#[inline]
-fn bump(a: &AtomicI64, n: i64, own: bool) -> i64 {
-    if own {
-        let v = a.load(Relaxed).wrapping_add(n);
-        a.store(v, Relaxed);
-        v
-    } else {
-        a.fetch_add(n, Relaxed).wrapping_add(n)
-    }
-}
-
-#[inline]
-fn count(a: &AtomicU64, own: bool) {
-    if own {
-        a.store(a.load(Relaxed).wrapping_add(1), Relaxed);
-    } else {
-        a.fetch_add(1, Relaxed);
-    }
 }
 
 impl LiveBooks {
     pub(crate) fn new() -> Self {
         LiveBooks {
-            slots: (0..=SLOTS).map(|_| Slot::default()).collect(),
+            slots: (0..=SLOTS).map(|_| Counts::default()).collect(),
             shared: Shared::default(),
             peaks: Peaks::default(),
         }
@@ -157,11 +68,11 @@ impl LiveBooks {
     /// `bytes` more live in `tier`.
     #[inline]
     pub(crate) fn add(&self, tier: usize, bytes: u64) {
-        let (i, own) = my_slot();
-        let slot = &self.slots[i];
+        let me = thread_slot::mine();
+        let slot = &self.slots[me.index];
         let n = bytes as i64;
-        count(&slot.allocs[tier], own);
-        let mine = bump(&slot.by_tier[tier], n, own);
+        thread_slot::count(&slot.allocs[tier], me);
+        let mine = thread_slot::add(&slot.by_tier[tier], n, me);
         // The thread's view of the tier: the shared total and its own slot.
         let est = self.shared.folded[tier].load(Relaxed) + mine;
         let t = est.max(0) as u64;
@@ -179,30 +90,30 @@ impl LiveBooks {
             self.peaks.total.fetch_max(total, Relaxed);
         }
         if mine > FOLD {
-            self.fold(slot, own, tier, mine);
+            self.fold(slot, me, tier, mine);
         }
     }
 
     /// `bytes` fewer live in `tier`.
     #[inline]
     pub(crate) fn sub(&self, tier: usize, bytes: u64) {
-        let (i, own) = my_slot();
-        let slot = &self.slots[i];
+        let me = thread_slot::mine();
+        let slot = &self.slots[me.index];
         let n = bytes as i64;
-        count(&slot.frees[tier], own);
-        let mine = bump(&slot.by_tier[tier], -n, own);
+        thread_slot::count(&slot.frees[tier], me);
+        let mine = thread_slot::add(&slot.by_tier[tier], -n, me);
         // A slot that never allocated (a thread freeing what others allocated) keeps no balance: other
         // threads' views stay exact.
         if mine < -FOLD || (mine < 0 && slot.allocs.iter().all(|a| a.load(Relaxed) == 0)) {
-            self.fold(slot, own, tier, mine);
+            self.fold(slot, me, tier, mine);
         }
     }
 
     /// Move `amount` (the slot's balance as last seen) from the slot into the shared total. Another
     /// thread sharing the slot may change it meanwhile: only what was moved is subtracted.
     #[cold]
-    fn fold(&self, slot: &Slot, own: bool, tier: usize, amount: i64) {
-        bump(&slot.by_tier[tier], -amount, own);
+    fn fold(&self, slot: &Counts, me: Slot, tier: usize, amount: i64) {
+        thread_slot::add(&slot.by_tier[tier], -amount, me);
         self.shared.folded[tier].fetch_add(amount, Relaxed);
     }
 
@@ -320,37 +231,6 @@ mod tests {
             assert_eq!(b.total(), live as u64, "round {round}");
             assert_eq!(b.total_peak(), peak as u64, "round {round}");
         }
-    }
-
-    /// More live threads than slots: the threads without a slot of their own share one with atomic adds
-    /// (owners use plain stores); nothing is lost either way, and slots given back are reused.
-    #[test]
-    fn more_threads_than_slots_count_exactly() {
-        let b = Arc::new(LiveBooks::new());
-        for _round in 0..2 {
-            let threads = SLOTS + 16;
-            let all_alive = Arc::new(std::sync::Barrier::new(threads));
-            let hs: Vec<_> = (0..threads)
-                .map(|i| {
-                    let (b, all_alive) = (b.clone(), all_alive.clone());
-                    std::thread::spawn(move || {
-                        all_alive.wait();
-                        for k in 0..2_000u64 {
-                            let n = 512 * (1 + (k + i as u64) % 8);
-                            b.add(1, n);
-                            b.sub(1, n);
-                        }
-                        b.add(1, 4096);
-                    })
-                })
-                .collect();
-            for h in hs {
-                h.join().unwrap();
-            }
-        }
-        assert_eq!(b.live(1), 2 * (SLOTS as u64 + 16) * 4096);
-        let (allocs, frees) = b.counts()[1];
-        assert_eq!(allocs - frees, 2 * (SLOTS as u64 + 16));
     }
 
     #[test]

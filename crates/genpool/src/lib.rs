@@ -30,6 +30,7 @@ pub mod replay;
 mod slabbook;
 pub mod sleep;
 pub mod stats;
+pub mod thread_slot;
 mod tier;
 
 pub use config::{Config, ConfigError, LongTier, MidTier, Routing};
