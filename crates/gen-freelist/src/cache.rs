@@ -418,8 +418,49 @@ impl FrontCache {
             (depth < cap).then(|| ((meta & !COUNT_MASK).wrapping_add(TAG_ONE)) | (depth + 1))
         });
         if !pushed {
-            self.list.push(idx);
+            // Full: the whole shard goes to the global stack as one chain (one CAS there per
+            // `shard_capacity` frees rather than one per free: with threads freeing each other's
+            // blocks, a shard that keeps filling would otherwise push every free onto the one head all
+            // threads share), then this slot starts the shard again.
+            self.spill(head);
+            let again = tagged_push_chain(head, self.list.links(), idx, idx, |meta| {
+                let depth = meta & COUNT_MASK;
+                (depth < cap).then(|| ((meta & !COUNT_MASK).wrapping_add(TAG_ONE)) | (depth + 1))
+            });
+            if !again {
+                self.list.push(idx);
+            }
         }
+    }
+
+    /// Detach every slot of the shard at `head` (one CAS) and push them to the global stack as one chain.
+    fn spill(&self, head: &AtomicU64) {
+        let links = self.list.links();
+        // Detach the whole shard: top := NIL, depth := 0, tag + 1.
+        let mut cur = head.load(Ordering::Acquire);
+        let first = loop {
+            let (top, meta) = unpack(cur);
+            if top == NIL {
+                return;
+            }
+            let empty = pack(NIL, (meta & !COUNT_MASK).wrapping_add(TAG_ONE));
+            match head.compare_exchange_weak(cur, empty, Ordering::Acquire, Ordering::Acquire) {
+                Ok(_) => break top,
+                Err(actual) => cur = actual,
+            }
+        };
+        // The detached slots are ours now; find the bottom (at most `shard_capacity` links).
+        let mut last = first;
+        for _ in 0..self.shard_capacity {
+            let next = links[last as usize].load(Ordering::Relaxed);
+            if next == NIL {
+                break;
+            }
+            last = next;
+        }
+        tagged_push_chain(self.list_head(), links, first, last, |tag| {
+            Some(tag.wrapping_add(1))
+        });
     }
 
     /// Frees slot `idx`, or reports it out of range.
@@ -456,36 +497,8 @@ impl FrontCache {
     /// Moves every slot cached in the shards to the global stack (one CAS per non-empty shard), e.g.
     /// before trimming. Concurrent pushes may refill shards meanwhile.
     pub fn flush_shards(&self) {
-        let links = self.list.links();
         for head in self.shards.iter() {
-            // Detach the whole shard: top := NIL, depth := 0, tag + 1.
-            let mut cur = head.load(Ordering::Acquire);
-            let first = loop {
-                let (top, meta) = unpack(cur);
-                if top == NIL {
-                    break NIL;
-                }
-                let empty = pack(NIL, (meta & !COUNT_MASK).wrapping_add(TAG_ONE));
-                match head.compare_exchange_weak(cur, empty, Ordering::Acquire, Ordering::Acquire) {
-                    Ok(_) => break top,
-                    Err(actual) => cur = actual,
-                }
-            };
-            if first == NIL {
-                continue;
-            }
-            // The detached slots are ours now; find the bottom (at most `shard_capacity` links).
-            let mut last = first;
-            for _ in 0..self.shard_capacity {
-                let next = links[last as usize].load(Ordering::Relaxed);
-                if next == NIL {
-                    break;
-                }
-                last = next;
-            }
-            tagged_push_chain(self.list_head(), links, first, last, |tag| {
-                Some(tag.wrapping_add(1))
-            });
+            self.spill(head);
         }
     }
 

@@ -161,6 +161,25 @@ fn front_cache_runs_race() {
     });
 }
 
+/// A full shard spills to the global stack while another thread pops (from the global stack or by
+/// stealing from that shard): every slot ends up in exactly one place.
+#[test]
+fn shard_spill_races_pop() {
+    run_model(|| {
+        let fc = Arc::new(FrontCache::new(3, 2, 1).unwrap());
+        let f2 = Arc::clone(&fc);
+        let t = thread::spawn(move || f2.pop());
+        fc.push_at(0, 0);
+        fc.push_at(0, 1);
+        fc.push_at(0, 2);
+        let theirs = t.join().unwrap();
+        let mut all: Vec<u32> = theirs.into_iter().collect();
+        fc.flush_shards();
+        all.extend(drain(fc.global()));
+        assert_permutation(all, 3);
+    });
+}
+
 #[test]
 fn transfer_stack_two_producers_one_consumer() {
     run_model(|| {

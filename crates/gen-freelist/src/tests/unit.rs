@@ -267,18 +267,21 @@ fn front_cache_bounds_shards_and_overflows_to_global() {
     for idx in 0..5 {
         fc.push_at(0, idx);
     }
-    assert_eq!(fc.shard_depths().collect::<Vec<_>>(), vec![3, 0]);
-    // 0, 1, 2 are in shard 0; 3 and 4 overflowed to the global stack.
-    assert_eq!(super::drain(fc.global()), vec![4, 3]);
-    assert_eq!(fc.pop_at(0), Some(2));
+    // 0, 1, 2 filled shard 0; pushing 3 spilled them to the global stack as one chain (top first), and
+    // 3 and 4 are in the shard now.
     assert_eq!(fc.shard_depths().collect::<Vec<_>>(), vec![2, 0]);
-    // Shard 1 is empty and so is the global stack: it steals from shard 0.
-    assert_eq!(fc.pop_at(1), Some(1));
+    assert_eq!(super::drain(fc.global()), vec![2, 1, 0]);
+    assert_eq!(fc.pop_at(0), Some(4));
+    assert_eq!(fc.shard_depths().collect::<Vec<_>>(), vec![1, 0]);
+    fc.push_at(3, 9);
     assert_eq!(
-        fc.pop_at(3),
-        Some(0),
+        fc.shard_depths().collect::<Vec<_>>(),
+        vec![1, 1],
         "shard index is taken modulo the count"
     );
+    assert_eq!(fc.pop_at(1), Some(9));
+    // Shard 1 is empty and so is the global stack: it steals from shard 0.
+    assert_eq!(fc.pop_at(1), Some(3));
     assert_eq!(fc.pop_at(0), None);
     assert!(fc.is_empty());
 }
@@ -302,7 +305,8 @@ fn front_cache_flush_moves_everything_to_global() {
     for (i, &idx) in taken.iter().enumerate() {
         fc.push_at(i % 3, idx);
     }
-    assert!(fc.shard_depths().all(|d| d == 4));
+    // 7, 7 and 6 pushes into shards of 4: each spilled once at its fifth push.
+    assert_eq!(fc.shard_depths().collect::<Vec<_>>(), vec![3, 3, 2]);
     fc.flush_shards();
     assert!(fc.shard_depths().all(|d| d == 0));
     assert_permutation(drain(fc.global()), 20);
