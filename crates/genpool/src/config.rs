@@ -124,6 +124,7 @@ pub const KEYS: &[Key] = &[
     key("plan", "true/false", "true", "Periodic plans: detect a repeating iteration, pack it once, serve it in place where the tiers' layout moves pages."),
     key("plan_background", "true/false", "true", "Pack a recorded period on a helper thread; false: on the allocating thread, results depend only on the allocation sequence (reproducible replays)."),
     key("eager_unmap", "true/false", "false", "Unmap pages as soon as they are unused (debugging use-after-free; slower)."),
+    key("thread_caches", "allocating threads, 0 = never", "3", "From this many threads allocating large blocks on, each thread keeps its last few freed ones (same size, same stream; at most 4 blocks, 128 MiB) for its next allocations, past the arena's and the page pool's locks."),
     key("experimental.mid_tier", "stream or extent", "extent", "Where mid-lived blocks go: the extent arena, or the driver's stream-ordered pool (`stream` selects `experimental.routing:generational` unless the routing is given)."),
     key("experimental.long_tier", "buddy or extent", "extent", "Where long-lived blocks go: the extent arena, or the exact-fit buddy (`buddy` selects `experimental.routing:generational` unless the routing is given)."),
     key("experimental.routing", "single, generational or extent", "single", "single: by size alone (slab-sized blocks to the slab, the rest to the extent arena), no prediction made; generational: by predicted lifetime too (the classifier on every call; what the experimental tiers and extent_generations need); extent: every block to the extent arena (PyTorch's private pools)."),
@@ -219,6 +220,9 @@ pub struct Config {
     /// arenas. Off: the first stream's arena(s) for every stream, each stream ordered on the device after
     /// the frees of the others before it reuses their blocks (`gen_vmm::Handoff`).
     pub stream_arenas: bool,
+    /// From this many threads allocating large blocks on, each keeps its last few freed large blocks for
+    /// itself (`tcache.rs`); 0 = never.
+    pub thread_caches: u32,
     /// Periodic plans (gen-plan): detect a repeating allocation sequence (a training iteration), pack one
     /// period offline and serve it from one mapped range — no search, no page moves in steady state.
     /// Allocations that do not match the plan go to the tiers as usual. Single-stream only. On by
@@ -264,6 +268,7 @@ impl Default for Config {
             placement_candidates: 1,
             extent_generations: false,
             stream_arenas: true,
+            thread_caches: 3,
             plan: true,
             plan_max_period: PlanConfig::default().max_period,
             plan_min_moves: 0.005,
@@ -442,6 +447,11 @@ impl Config {
             "plan_min_moves" => self.plan_min_moves = parse_fraction(value).map_err(bad)?,
             "extent_generations" => self.extent_generations = parse_bool(value).map_err(bad)?,
             "stream_arenas" => self.stream_arenas = parse_bool(value).map_err(bad)?,
+            "thread_caches" => {
+                self.thread_caches = value
+                    .parse()
+                    .map_err(|_| bad("expected a count of threads".into()))?
+            }
             "page_slack_max" => self.page_slack_max = parse_fraction(value).map_err(bad)?,
             "move_budget" => self.move_budget = parse_fraction(value).map_err(bad)?,
             "page_slack" => self.page_slack = parse_fraction(value).map_err(bad)?,
@@ -544,7 +554,7 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{}: {e}", k.name));
             assert_eq!(c, Config::default(), "{} default {}", k.name, k.default);
         }
-        assert_eq!(KEYS.len(), 22);
+        assert_eq!(KEYS.len(), 23);
         assert!(matches!(
             Config::parse("experimental.limit:1G"),
             Err(ConfigError::UnknownKey { .. })

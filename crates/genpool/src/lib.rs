@@ -30,6 +30,7 @@ pub mod replay;
 mod slabbook;
 pub mod sleep;
 pub mod stats;
+mod tcache;
 pub mod thread_slot;
 mod tier;
 

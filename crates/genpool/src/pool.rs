@@ -20,6 +20,7 @@ use crate::headroom::Headroom;
 use crate::meta::{Meta, MetaTable, Removed};
 use crate::slabbook::SlabBook;
 use crate::stats::{PlanSummary, PoolStats, TierStats};
+use crate::tcache::{Kept, ThreadCaches};
 pub use crate::tier::Tier;
 use crate::tier::{tier_err, Request, TierAlloc};
 
@@ -120,6 +121,8 @@ pub struct Pool {
     deferred_bytes: AtomicU64,
     /// Live bytes per tier and their peaks, per thread.
     books: LiveBooks,
+    /// Large blocks a thread keeps for its next allocations while several threads allocate at once.
+    tcache: ThreadCaches,
     /// Records of the slab's live blocks, per slot.
     slab_book: SlabBook,
     ooms: AtomicU64,
@@ -287,6 +290,7 @@ impl Pool {
             has_stream: stream.is_some(),
             multi_stream: AtomicBool::new(false),
         };
+        let thread_caches = cfg.thread_caches;
         Ok(Pool {
             buddy_handoff: Handoff::new(),
             deferred: Mutex::new(Vec::new()),
@@ -304,6 +308,7 @@ impl Pool {
             stream,
             meta: MetaTable::new(),
             books: LiveBooks::new(),
+            tcache: ThreadCaches::new(thread_caches),
             slab_book,
             ooms: AtomicU64::new(0),
             retries: AtomicU64::new(0),
@@ -456,6 +461,14 @@ impl Pool {
         };
         let class = stamp.predicted();
         let tier = self.route(size, class);
+        if tier == Tier::Extent && self.hot.routing == Routing::Single {
+            self.tcache.note_thread();
+            if self.tcache.on() && !self.device.captures().active() {
+                if let Some(ptr) = self.tcache.take(size, stream) {
+                    return Ok(self.hand_out(ptr, size, requested, stream));
+                }
+            }
+        }
         let (mut planned, mut ticket) = (None, Ticket::NONE);
         // The planner sees every large allocation (by size, not by prediction, so the sequence it learns
         // does not change as the classifier learns); a planned slot overrides the route: the plan knows
@@ -510,6 +523,57 @@ impl Pool {
             return;
         }
         self.meta.insert(ptr, m);
+    }
+
+    /// A block kept by the calling thread's cache (`tcache.rs`), handed out again: recorded and counted
+    /// as a new extent block.
+    fn hand_out(&self, ptr: u64, size: u64, requested: u64, stream: StreamId) -> Block {
+        let m = Meta {
+            size,
+            tier: Tier::Extent,
+            stamp: Stamp::NONE,
+            ticket: Ticket::NONE,
+            stream,
+            slack: (size - requested) as u16,
+        };
+        self.record(ptr, m);
+        self.books.add(Tier::Extent as usize, size);
+        Block {
+            ptr,
+            size,
+            tier: Tier::Extent,
+        }
+    }
+
+    /// Give a block a thread's cache kept back to its arena (freed by the user already).
+    fn give_back_kept(&self, k: Kept) {
+        match self.tier_free(Tier::Extent, k.ptr, k.stream) {
+            Ok(()) => {}
+            Err(TierError::Vmm(VmmError::Capturing(why))) => {
+                log::debug!(
+                    "genpool: kept block {:#x} deferred during a capture ({why})",
+                    k.ptr
+                );
+                self.deferred.lock().push(Deferred {
+                    ptr: k.ptr,
+                    size: k.size,
+                    tier: Tier::Extent,
+                    stream: k.stream,
+                });
+                self.deferred_bytes.fetch_add(k.size, Relaxed);
+            }
+            Err(e) => log::error!("genpool: giving back kept block {:#x}: {e}", k.ptr),
+        }
+    }
+
+    /// Give every block the threads' caches keep back to its arena; returns how many.
+    fn drain_thread_caches(&self) -> usize {
+        let kept = self.tcache.drain();
+        let n = kept.len();
+        for k in kept {
+            self.give_back_kept(k);
+        }
+        n
     }
 
     /// Take a live block's record out (its free). A slab address with no record anywhere that is the
@@ -569,7 +633,15 @@ impl Pool {
                 Err(_) => {}
             }
         }
-        // 3. Empty slab chunks (those free without a synchronize), then grow.
+        // 3. Blocks the threads' caches keep (their pages are committed), then empty slab chunks (those
+        //    free without a synchronize), then grow.
+        if self.drain_thread_caches() > 0 {
+            match self.attempt(tier, class, size, stream, false) {
+                Ok(pt) => return Ok(pt),
+                Err(e) if e.is_fault() => return Err(e.into()),
+                Err(_) => {}
+            }
+        }
         if let Err(e) = self.slab.reclaim_idle() {
             log::error!("genpool: slab reclaim: {e}");
         }
@@ -697,6 +769,7 @@ impl Pool {
             return;
         }
         self.give_back_deferred();
+        self.drain_thread_caches();
         if hard {
             self.slab.trim();
         } else if let Err(e) = self.slab.reclaim_idle() {
@@ -763,6 +836,38 @@ impl Pool {
             self.give_back_deferred();
         }
         self.learn(&meta.stamp, size);
+        // Several threads allocating at once: the freeing thread keeps its own-stream large block for
+        // its next allocation of that size (`tcache.rs`).
+        if meta.tier == Tier::Extent
+            && !meta.ticket.is_planned()
+            && stream == meta.stream
+            && self.tcache.on()
+            && self.hot.routing == Routing::Single
+            && !self.device.captures().active()
+        {
+            self.plan_free(meta.ticket, None);
+            if let Ok(out) = self.tcache.keep(Kept { ptr, size, stream }) {
+                for k in out {
+                    self.give_back_kept(k);
+                }
+                self.books.sub(Tier::Extent as usize, size);
+                return Ok(LiveBlock::of(ptr, &meta));
+            }
+            return self.free_to_tier(ptr, meta, stream, true);
+        }
+        self.free_to_tier(ptr, meta, stream, false)
+    }
+
+    /// The rest of a free: the block back to its tier (or the plan), the books. `plan_told`: the planner
+    /// already knows of this free.
+    fn free_to_tier(
+        &self,
+        ptr: u64,
+        meta: Meta,
+        stream: StreamId,
+        plan_told: bool,
+    ) -> Result<LiveBlock> {
+        let size = meta.size;
         let res = match meta.tier {
             Tier::Extent if meta.ticket.is_planned() => {
                 // Served from the plan's range: the slot is free again once the planner knows. Only one
@@ -772,7 +877,7 @@ impl Pool {
                 Ok(())
             }
             t => {
-                if t == Tier::Extent {
+                if t == Tier::Extent && !plan_told {
                     self.plan_free(meta.ticket, None);
                 }
                 match self.tier_free(t, ptr, stream) {
@@ -1001,7 +1106,7 @@ impl Pool {
             num_ooms: self.ooms.load(Relaxed),
             num_alloc_retries: self.retries.load(Relaxed),
             num_invalid_frees: self.invalid_frees.load(Relaxed),
-            cached_bytes: self.deferred_bytes.load(Relaxed),
+            cached_bytes: self.deferred_bytes.load(Relaxed) + self.tcache.bytes(),
             page_slack: self.pages.slack(),
             pages,
             tiers: Tier::ALL
