@@ -1864,16 +1864,19 @@ impl PagePool {
                 free_mapped.insert_run(rid, a, b);
             }
         }
+        if eager.is_empty() {
+            return;
+        }
+        // Unmapping needs the pages' earlier users to be done: one synchronize for all of them.
+        let synced = self.device.synchronize().map_err(VmmError::from);
+        if synced.is_ok() {
+            self.all_complete(g);
+        }
         for pidx in eager {
-            // Unmapping needs the page's earlier users to be done.
-            let res = self
-                .device
-                .synchronize()
-                .map_err(VmmError::from)
-                .and_then(|_| {
-                    self.all_complete(g);
-                    self.unmap_page(g, rid, pidx)
-                });
+            let res = match &synced {
+                Ok(()) => self.unmap_page(g, rid, pidx),
+                Err(e) => Err(e.clone()),
+            };
             match res {
                 Ok(h) => g.free_handles.push(h),
                 Err(e) => {

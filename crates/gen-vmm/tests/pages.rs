@@ -199,6 +199,27 @@ fn eager_unmap_faults_use_after_free() {
     );
 }
 
+/// A block of many pages freed in `eager_unmap` mode waits for the device once, not once per page.
+#[test]
+fn eager_unmap_synchronizes_once_per_free() {
+    let dev = Arc::new(SimDevice::config().build().unwrap());
+    let pool = pool_with(
+        &dev,
+        PagePoolConfig {
+            eager_unmap: true,
+            ..Default::default()
+        },
+    );
+    let r = Region::new(&pool, 64 * MIB, "t").unwrap();
+    r.commit(0, 16 * MIB, true).unwrap();
+    let before = dev.call_counts();
+    r.decommit(0, 16 * MIB);
+    let after = dev.call_counts();
+    assert_eq!(after.unmaps - before.unmaps, 8, "every page unmapped");
+    assert_eq!(after.device_syncs - before.device_syncs, 1);
+    assert_eq!(pool.stats().pages_free_unmapped, 8);
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Commit {
