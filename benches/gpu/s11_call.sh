@@ -2,7 +2,9 @@
 # Session 11 on the GPU machine (run from the repository root with .gpu/ staged: bin/genpool and
 # bin/genpool-base — the session's start, for a same-run comparison — bin/threads-{base,new}
 # (crates/genpool/examples/threads.rs), bin/libgenpool_torch.so, tests/cuda). STEPS picks steps (default
-# threads,tests,replay,sanitize). Logs under $OUT; the tables last.
+# threads,tests,replay,sanitize: one call of ~8 minutes; then STEPS=torch,tthreads,compat in a second —
+# PyTorch's entry points with genpool's per-thread statistics and large-block caches, and the
+# compatibility suite after them). Logs under $OUT; the tables last.
 set -uo pipefail
 STEPS_DEFAULT=threads,tests,replay,sanitize
 . "$(dirname "$0")/env.sh"
@@ -33,8 +35,23 @@ fi
 if has sanitize; then
   OUT="$OUT/sanitize" STEPS=build,rust,probes bash benches/gpu/s10_sanitize.sh > "$OUT/sanitize.txt" 2>&1
 fi
+if has torch; then
+  tr=(benches/traces/gpt2_generate_kv.csv.gz benches/traces/resnet50_train.csv.gz benches/traces/gpt2_train_fixed.csv.gz benches/traces/bert_serve_4streams.csv.gz)
+  timeout 240 python3 benches/gpu/torch_replay.py "${tr[@]}" --modes native,expandable,genpool --reps 5 > "$OUT/torch.jsonl" 2> "$OUT/torch.err"
+fi
+if has tthreads; then
+  # genpool twice: the default (per-thread caches of large blocks from three allocating threads on)
+  # and without them.
+  timeout 150 python3 benches/gpu/torch_threads.py --modes native,genpool > "$OUT/tthreads.jsonl" 2> "$OUT/tthreads.err"
+  GENPOOL_CONF=thread_caches:0 timeout 100 python3 benches/gpu/torch_threads.py --modes genpool > "$OUT/tthreads_nocache.jsonl" 2>> "$OUT/tthreads.err"
+fi
+if has compat; then
+  timeout 330 python3 benches/gpu/compat.py --jobs 6 --json "$OUT/compat.jsonl" --md "$OUT/compat.md" > "$OUT/compat.log" 2>&1
+fi
 cat "$OUT/machine.txt"
 grep -E "test result|rc=|FAILED|panicked" "$OUT/cuda_tests.log" 2>/dev/null
 cat "$OUT/sanitize.txt" 2>/dev/null
 cat "$OUT/replay_ab.txt" 2>/dev/null
 cat "$OUT/threads.txt" 2>/dev/null
+cat "$OUT/torch.jsonl" "$OUT/tthreads.jsonl" "$OUT/tthreads_nocache.jsonl" 2>/dev/null | cut -c1-260
+tail -5 "$OUT/compat.log" 2>/dev/null
