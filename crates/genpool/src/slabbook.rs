@@ -3,14 +3,15 @@
 //!
 //! A slab block's address gives its class and slot with a shift and a multiply
 //! ([`gen_slab::Slab::slot_of`]), so its record needs no hash and no lock: one 16-byte entry, in a table
-//! made per 2 MiB chunk on first use. The thread that allocates a slot writes its entry and the thread
+//! of [`TABLE_SLOTS`] slots made on first use (a power of two, so a slot's table and entry are a shift and
+//! a mask — a table per slab chunk needed a division on every call). The thread that allocates a slot writes its entry and the thread
 //! that frees it takes it, so with the slab's per-thread free lists a thread reuses its own slots and
 //! touches lines no other thread writes; the address map's shard locks, which every thread's every call
 //! took, were half of a slab free with two threads. The entries are atomics (never a data race); a free
 //! on another thread sees the allocation's writes through whatever handed it the pointer, as with the
 //! slab's own `live` flags.
 //!
-//! A chunk's table is kept for the pool's life once made: at most 16 bytes per slot the slab ever
+//! A table is kept for the pool's life once made: at most 16 bytes per slot the slab ever
 //! carved (3 % of a 512-byte class's bytes, 0.4 % of a 4 KiB class's), host memory.
 //!
 //! Only blocks without a classifier stamp live here (lifetime routing off, the default); with
@@ -18,6 +19,10 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::OnceLock;
+
+/// Slots per table of entries (16 KiB of entries).
+const TABLE_SLOTS: u32 = 1 << TABLE_SHIFT;
+const TABLE_SHIFT: u32 = 10;
 
 use gen_classifier::Stamp;
 use gen_slab::Slab;
@@ -36,7 +41,7 @@ struct Entry {
 }
 
 struct ClassBook {
-    per_chunk: u32,
+    /// Tables of [`TABLE_SLOTS`] entries, made on first use.
     chunks: Box<[OnceLock<Box<[Entry]>>]>,
 }
 
@@ -50,14 +55,10 @@ impl SlabBook {
         let classes = slab
             .slot_geometry()
             .into_iter()
-            .map(|(slots, per_chunk)| {
-                let per_chunk = per_chunk.max(1);
-                ClassBook {
-                    per_chunk,
-                    chunks: (0..slots.div_ceil(per_chunk))
-                        .map(|_| OnceLock::new())
-                        .collect(),
-                }
+            .map(|(slots, _)| ClassBook {
+                chunks: (0..slots.div_ceil(TABLE_SLOTS))
+                    .map(|_| OnceLock::new())
+                    .collect(),
             })
             .collect();
         SlabBook { classes }
@@ -66,16 +67,16 @@ impl SlabBook {
     #[inline]
     fn entry(&self, ci: usize, slot: u32) -> Option<&Entry> {
         let c = self.classes.get(ci)?;
-        let chunk = c.chunks.get((slot / c.per_chunk) as usize)?;
-        chunk.get()?.get((slot % c.per_chunk) as usize)
+        let chunk = c.chunks.get((slot >> TABLE_SHIFT) as usize)?;
+        chunk.get()?.get((slot & (TABLE_SLOTS - 1)) as usize)
     }
 
     #[inline]
     fn entry_or_make(&self, ci: usize, slot: u32) -> Option<&Entry> {
         let c = self.classes.get(ci)?;
-        let chunk = c.chunks.get((slot / c.per_chunk) as usize)?;
-        let entries = chunk.get_or_init(|| (0..c.per_chunk).map(|_| Entry::default()).collect());
-        entries.get((slot % c.per_chunk) as usize)
+        let chunk = c.chunks.get((slot >> TABLE_SHIFT) as usize)?;
+        let entries = chunk.get_or_init(|| (0..TABLE_SLOTS).map(|_| Entry::default()).collect());
+        entries.get((slot & (TABLE_SLOTS - 1)) as usize)
     }
 
     /// Record the block at `ptr` (a slot the slab just handed out). False when `ptr` is not a slot of
@@ -123,7 +124,7 @@ impl SlabBook {
                 for (i, e) in entries.iter().enumerate() {
                     let w = e.word.load(Relaxed);
                     if w & LIVE != 0 {
-                        let slot = k as u32 * c.per_chunk + i as u32;
+                        let slot = k as u32 * TABLE_SLOTS + i as u32;
                         v.push((slab.slot_addr(ci, slot), meta(w, e.stream.load(Relaxed))));
                     }
                 }
