@@ -43,11 +43,13 @@ pub(crate) struct Kept {
     pub(crate) stream: StreamId,
 }
 
+/// One thread's cache: its blocks behind a lock only a drain takes besides the thread, and their bytes
+/// beside it (read without the lock by drains and statistics).
 #[derive(Default)]
 struct Cache {
+    bytes: AtomicU64,
     /// Oldest first.
-    kept: Vec<Kept>,
-    bytes: u64,
+    kept: Mutex<Vec<Kept>>,
 }
 
 /// The caches of one pool (see the [module docs](self)).
@@ -58,9 +60,9 @@ pub(crate) struct ThreadCaches {
     /// neighbour and counts as one more).
     seen: AtomicU64,
     on: AtomicBool,
-    /// Bytes kept in all caches.
-    bytes: AtomicU64,
-    caches: Box<[CachePadded<Mutex<Cache>>]>,
+    /// One per thread slot, each on lines of its own: keeping and taking write nothing another thread
+    /// writes.
+    caches: Box<[CachePadded<Cache>]>,
 }
 
 impl ThreadCaches {
@@ -69,9 +71,8 @@ impl ThreadCaches {
             threads,
             seen: AtomicU64::new(0),
             on: AtomicBool::new(false),
-            bytes: AtomicU64::new(0),
             caches: (0..=SLOTS)
-                .map(|_| CachePadded::new(Mutex::new(Cache::default())))
+                .map(|_| CachePadded::new(Cache::default()))
                 .collect(),
         }
     }
@@ -105,22 +106,24 @@ impl ThreadCaches {
         self.on.load(Relaxed)
     }
 
-    /// Bytes kept now.
+    /// Bytes kept now (all threads).
     pub(crate) fn bytes(&self) -> u64 {
-        self.bytes.load(Relaxed)
+        if !self.on() {
+            return 0;
+        }
+        self.caches.iter().map(|c| c.bytes.load(Relaxed)).sum()
     }
 
     /// A block of exactly `size` bytes the calling thread kept for `stream`, taken out of its cache.
     #[inline]
     pub(crate) fn take(&self, size: u64, stream: StreamId) -> Option<u64> {
-        let mut c = self.caches[thread_slot::mine().index].lock();
-        let i = c
-            .kept
+        let c = &self.caches[thread_slot::mine().index];
+        let mut kept = c.kept.lock();
+        let i = kept
             .iter()
             .rposition(|k| k.size == size && k.stream == stream)?;
-        let k = c.kept.remove(i);
-        c.bytes -= k.size;
-        self.bytes.fetch_sub(k.size, Relaxed);
+        let k = kept.remove(i);
+        c.bytes.store(c.bytes.load(Relaxed) - k.size, Relaxed);
         Some(k.ptr)
     }
 
@@ -130,31 +133,34 @@ impl ThreadCaches {
         if block.size > MAX_BLOCK {
             return Err(block);
         }
-        let mut c = self.caches[thread_slot::mine().index].lock();
+        let c = &self.caches[thread_slot::mine().index];
+        let mut kept = c.kept.lock();
+        // Under the lock, so a plain store: only the lock's holder changes it.
+        let mut bytes = c.bytes.load(Relaxed);
         let mut out = Vec::new();
-        while !c.kept.is_empty() && (c.kept.len() >= ENTRIES || c.bytes + block.size > MAX_BYTES) {
-            let old = c.kept.remove(0);
-            c.bytes -= old.size;
-            self.bytes.fetch_sub(old.size, Relaxed);
+        while !kept.is_empty() && (kept.len() >= ENTRIES || bytes + block.size > MAX_BYTES) {
+            let old = kept.remove(0);
+            bytes -= old.size;
             out.push(old);
         }
-        c.kept.push(block);
-        c.bytes += block.size;
-        self.bytes.fetch_add(block.size, Relaxed);
+        kept.push(block);
+        c.bytes.store(bytes + block.size, Relaxed);
         Ok(out)
     }
 
     /// Every kept block of every thread, taken out (for the caller to give back to its tier).
     pub(crate) fn drain(&self) -> Vec<Kept> {
-        if self.bytes.load(Acquire) == 0 {
+        if !self.on() {
             return Vec::new();
         }
         let mut out = Vec::new();
         for c in self.caches.iter() {
-            let mut c = c.lock();
-            self.bytes.fetch_sub(c.bytes, Relaxed);
-            c.bytes = 0;
-            out.append(&mut c.kept);
+            if c.bytes.load(Acquire) == 0 {
+                continue;
+            }
+            let mut kept = c.kept.lock();
+            c.bytes.store(0, Relaxed);
+            out.append(&mut kept);
         }
         out
     }
