@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 pub mod cuda;
+pub mod hash;
 pub mod ipc;
 pub mod sim;
 

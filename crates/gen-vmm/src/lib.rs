@@ -78,9 +78,9 @@
 //! for as long as the block lives. [`PagePool::grant_peer`] opens every page mapped now, and every one
 //! mapped later, to a peer device.
 
-use std::collections::{HashMap, VecDeque};
+use gen_device::hash::U64Map;
+use std::collections::VecDeque;
 use std::fmt;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
@@ -409,7 +409,8 @@ struct Inner {
     /// Where each physical page mapped as some address's own page is: handle -> (region, page). Kept
     /// for [`PagePoolConfig::keep_old_mappings`] (a move is undone only if the page is free where it is
     /// now); updated on the map / unmap / move paths only, never on a revival.
-    owners: HashMap<u64, (u32, u32), BuildHasherDefault<HandleHasher>>,
+    /// (gen-device's `u64` hasher: SipHash showed in profiles, ~3.7 % of a GPT-2 replay.)
+    owners: U64Map<(u32, u32)>,
     /// A zombie made during this commit may still be in use: the commit records a fence at its end.
     unfenced: bool,
     /// The stream the commit in progress is for (explicit, else its region's): moves into it wait on
@@ -458,29 +459,6 @@ enum Settled {
 /// [`Page::freed_on`]: freed with no stream known (or past the streams a mask can name): moving or
 /// reusing the page for another stream synchronizes the device.
 const UNKNOWN_STREAM: u64 = 1 << 63;
-
-/// Hashes a physical page's handle for [`Inner::owners`], looked up for every page a commit takes back
-/// through an old mapping: one multiply (Fx-style) instead of SipHash, whose cost showed in profiles
-/// (~3.7 % of a GPT-2 replay). Handles are the driver's, not an adversary's input.
-#[derive(Default)]
-struct HandleHasher(u64);
-
-impl Hasher for HandleHasher {
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-    #[inline]
-    fn write_u64(&mut self, x: u64) {
-        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
 
 /// Old mappings kept at least, with [`PagePoolConfig::keep_old_mappings`] (else as many as pages held).
 const MIN_OLD_MAPPINGS: u64 = 64;
@@ -545,7 +523,7 @@ impl PagePool {
                 fences: VecDeque::new(),
                 spare_events: Vec::new(),
                 zombies: VecDeque::new(),
-                owners: HashMap::default(),
+                owners: U64Map::default(),
                 unfenced: false,
                 committing_for: None,
                 commit_ordered: false,
