@@ -110,6 +110,20 @@ impl DeviceCounters {
         }
     }
 
+    /// The six figures a block of `size` bytes (`requested` asked for) changes — count, bytes and
+    /// requested bytes of "all" and of its small or large pool — with the amount of each.
+    #[inline]
+    fn figures(size: u64, requested: u64) -> impl Iterator<Item = (usize, i64)> {
+        [0, Self::split(size)].into_iter().flat_map(move |kind| {
+            [
+                (COUNT, 1),
+                (BYTES, size as i64),
+                (REQUESTED, requested as i64),
+            ]
+            .map(|(which, v)| (kind * 3 + which, v))
+        })
+    }
+
     /// A block of `size` bytes (rounded), `requested` asked for, was handed out.
     #[inline]
     pub(crate) fn on_alloc(&self, size: u64, requested: u64) {
@@ -118,22 +132,15 @@ impl DeviceCounters {
         if !t.added.load(Relaxed) {
             t.added.store(true, Relaxed);
         }
-        for kind in [0, Self::split(size)] {
-            for (which, v) in [
-                (COUNT, 1),
-                (BYTES, size as i64),
-                (REQUESTED, requested as i64),
-            ] {
-                let f = kind * 3 + which;
-                let mine = thread_slot::add(&t.current[f], v, me);
-                let view = self.folded[f].load(Relaxed) + mine;
-                // Peaks rarely move in a loop's steady state: a plain load keeps the line shared.
-                if view > self.peak[f].load(Relaxed) {
-                    self.peak[f].fetch_max(view, Relaxed);
-                }
-                if mine > fold_at(f) {
-                    self.fold(t, me, f, mine);
-                }
+        for (f, v) in Self::figures(size, requested) {
+            let mine = thread_slot::add(&t.current[f], v, me);
+            let view = self.folded[f].load(Relaxed) + mine;
+            // Peaks rarely move in a loop's steady state: a plain load keeps the line shared.
+            if view > self.peak[f].load(Relaxed) {
+                self.peak[f].fetch_max(view, Relaxed);
+            }
+            if mine > fold_at(f) {
+                self.fold(t, me, f, mine);
             }
         }
     }
@@ -144,18 +151,11 @@ impl DeviceCounters {
         let me = thread_slot::mine();
         let t = &self.threads[me.index];
         let helper = !t.added.load(Relaxed);
-        for kind in [0, Self::split(size)] {
-            for (which, v) in [
-                (COUNT, 1),
-                (BYTES, size as i64),
-                (REQUESTED, requested as i64),
-            ] {
-                let f = kind * 3 + which;
-                let mine = thread_slot::add(&t.current[f], -v, me);
-                thread_slot::add(&t.freed[f], v, me);
-                if mine < -fold_at(f) || (helper && mine != 0) {
-                    self.fold(t, me, f, mine);
-                }
+        for (f, v) in Self::figures(size, requested) {
+            let mine = thread_slot::add(&t.current[f], -v, me);
+            thread_slot::add(&t.freed[f], v, me);
+            if mine < -fold_at(f) || (helper && mine != 0) {
+                self.fold(t, me, f, mine);
             }
         }
     }
@@ -167,22 +167,27 @@ impl DeviceCounters {
         self.folded[f].fetch_add(amount, Relaxed);
     }
 
-    fn current(&self, f: usize) -> i64 {
-        self.folded[f].load(Relaxed)
+    /// The shared total `folded[f]` plus every thread's share of `field`'s figure `f`.
+    fn sum(
+        &self,
+        folded: &[AtomicI64; FIGURES],
+        f: usize,
+        field: impl Fn(&ThreadFigures) -> &[AtomicI64; FIGURES],
+    ) -> i64 {
+        folded[f].load(Relaxed)
             + self
                 .threads
                 .iter()
-                .map(|t| t.current[f].load(Relaxed))
+                .map(|t| field(t)[f].load(Relaxed))
                 .sum::<i64>()
     }
 
+    fn current(&self, f: usize) -> i64 {
+        self.sum(&self.folded, f, |t| &t.current)
+    }
+
     fn freed_total(&self, f: usize) -> i64 {
-        self.folded_freed[f].load(Relaxed)
-            + self
-                .threads
-                .iter()
-                .map(|t| t.freed[f].load(Relaxed))
-                .sum::<i64>()
+        self.sum(&self.folded_freed, f, |t| &t.freed)
     }
 
     fn stat(&self, f: usize) -> GenpoolStat {

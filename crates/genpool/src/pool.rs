@@ -525,8 +525,8 @@ impl Pool {
         self.meta.insert(ptr, m);
     }
 
-    /// A block kept by the calling thread's cache (`tcache.rs`), handed out again: recorded and counted
-    /// as a new extent block.
+    /// An extent block the caller has (one a thread's cache kept, `tcache.rs`, or one placed at an
+    /// address, `place.rs`), handed out: recorded, with no classifier stamp, and counted.
     fn hand_out(&self, ptr: u64, size: u64, requested: u64, stream: StreamId) -> Block {
         let m = Meta {
             size,

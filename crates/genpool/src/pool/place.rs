@@ -2,15 +2,11 @@
 //! (CUDA graph trees re-create, at the addresses a graph baked in, the blocks that were live when the
 //! checkpoint was taken). A child of `pool` so that it books the block exactly as `Pool::alloc` does.
 
-use gen_classifier::Stamp;
 use gen_device::StreamId;
-use gen_plan::Ticket;
 
 use super::{Block, Pool, ALIGN};
 use crate::config::Routing;
 use crate::error::{GenpoolError, Result};
-use crate::meta::Meta;
-use crate::tier::Tier;
 
 impl Pool {
     /// Allocate `size` bytes (rounded up to 512) at exactly `ptr`, for use on `stream`. Only a pool that
@@ -38,22 +34,6 @@ impl Pool {
         // Only pools routing every block to the extent tier place blocks: they make no prediction (as
         // `alloc` with that routing), so there is no stamp to learn from at the free either.
         self.extents.alloc_at(ptr, size)?;
-        self.record(
-            ptr,
-            Meta {
-                size,
-                tier: Tier::Extent,
-                stamp: Stamp::NONE,
-                ticket: Ticket::NONE,
-                stream,
-                slack: (size - requested) as u16,
-            },
-        );
-        self.books.add(Tier::Extent as usize, size);
-        Ok(Block {
-            ptr,
-            size,
-            tier: Tier::Extent,
-        })
+        Ok(self.hand_out(ptr, size, requested, stream))
     }
 }
