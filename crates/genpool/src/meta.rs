@@ -20,7 +20,13 @@ pub(crate) struct Meta {
     pub stream: gen_device::StreamId,
     /// `size` minus the bytes asked for (< 512: the rounding), so the request is known at free.
     pub slack: u16,
+    /// The allocating thread's slot ([`crate::thread_slot`]) for extent blocks — only that thread keeps
+    /// the block in its cache when it frees it (`tcache.rs`); [`NO_THREAD`] otherwise.
+    pub thread: u8,
 }
+
+/// [`Meta::thread`] of a block no thread cache may keep (slab blocks, placed blocks, records rebuilt).
+pub(crate) const NO_THREAD: u8 = u8::MAX;
 
 /// Device addresses are 512-byte aligned: multiply the bits above the alignment into a well-mixed hash.
 /// Its top [`SHARD_BITS`] bits choose the shard, the bits below them the slot.
@@ -42,6 +48,9 @@ struct Slot {
     meta: Meta,
 }
 
+// One entry, one cache line: a field added to `Meta` must fit its padding.
+const _: () = assert!(std::mem::size_of::<Slot>() == 64);
+
 const EMPTY: Slot = Slot {
     key: 0,
     meta: Meta {
@@ -51,6 +60,7 @@ const EMPTY: Slot = Slot {
         ticket: gen_plan::Ticket::NONE,
         stream: 0,
         slack: 0,
+        thread: NO_THREAD,
     },
 };
 
@@ -250,6 +260,7 @@ mod tests {
             ticket: gen_plan::Ticket::NONE,
             stream: 0,
             slack: 0,
+            thread: NO_THREAD,
         }
     }
 

@@ -17,7 +17,7 @@ use crate::books::LiveBooks;
 use crate::config::{Config, LongTier, MidTier, Routing};
 use crate::error::{FreeFault, GenpoolError, OomReport, Result, TierUsage};
 use crate::headroom::Headroom;
-use crate::meta::{Meta, MetaTable, Removed};
+use crate::meta::{Meta, MetaTable, Removed, NO_THREAD};
 use crate::slabbook::SlabBook;
 use crate::stats::{PlanSummary, PoolStats, TierStats};
 use crate::tcache::{Kept, ThreadCaches};
@@ -504,6 +504,7 @@ impl Pool {
             stream,
             // < ALIGN: the rounding above.
             slack: (size - requested) as u16,
+            thread: self.tcache_thread(tier),
         };
         self.record(ptr, m);
         self.books.add(tier as usize, size);
@@ -535,6 +536,7 @@ impl Pool {
             ticket: Ticket::NONE,
             stream,
             slack: (size - requested) as u16,
+            thread: self.tcache_thread(Tier::Extent),
         };
         self.record(ptr, m);
         self.books.add(Tier::Extent as usize, size);
@@ -542,6 +544,18 @@ impl Pool {
             ptr,
             size,
             tier: Tier::Extent,
+        }
+    }
+
+    /// What a new block's record says of its allocating thread: its slot while the thread caches are
+    /// engaged and the block is an extent block, else [`NO_THREAD`] (no cache will keep it).
+    #[inline]
+    fn tcache_thread(&self, tier: Tier) -> u8 {
+        if tier == Tier::Extent && self.tcache.on() {
+            // `index <= SLOTS = 64`.
+            crate::thread_slot::mine().index as u8
+        } else {
+            NO_THREAD
         }
     }
 
@@ -842,6 +856,7 @@ impl Pool {
             && !meta.ticket.is_planned()
             && stream == meta.stream
             && self.tcache.on()
+            && self.tcache.mine(meta.thread)
             && self.hot.routing == Routing::Single
             && !self.device.captures().active()
         {

@@ -142,5 +142,6 @@ fn meta(word: u64, stream: u64) -> Meta {
         ticket: gen_plan::Ticket::NONE,
         stream,
         slack: (word >> 32) as u16,
+        thread: crate::meta::NO_THREAD,
     }
 }

@@ -106,6 +106,15 @@ impl ThreadCaches {
         self.on.load(Relaxed)
     }
 
+    /// Whether a block whose record names `thread` (see `Meta::thread`) is the calling thread's own: a
+    /// thread keeps only blocks it allocated (one that frees what others allocate — a consumer — would
+    /// keep blocks it never asks for, and their pages away from everyone else).
+    #[inline]
+    pub(crate) fn mine(&self, thread: u8) -> bool {
+        let me = thread_slot::mine();
+        me.own && usize::from(thread) == me.index
+    }
+
     /// Bytes kept now (all threads).
     pub(crate) fn bytes(&self) -> u64 {
         if !self.on() {

@@ -155,6 +155,25 @@ fn kept_blocks_go_back_before_the_pool_grows_and_on_trim() {
     });
 }
 
+#[test]
+fn a_thread_keeps_only_blocks_it_allocated() {
+    let p = pool(4 << 30, "");
+    with_helpers(&p, 2, || {
+        let base = p.stats().cached_bytes;
+        // Allocated here, freed by another thread (a consumer): not kept there.
+        let a = p.alloc(8 * MIB, 0, Hint::NONE).unwrap();
+        let p2 = p.clone();
+        std::thread::spawn(move || p2.free(a.ptr, 0).unwrap())
+            .join()
+            .unwrap();
+        assert_eq!(p.stats().cached_bytes, base);
+        // Allocated and freed here: kept.
+        let b = p.alloc(8 * MIB, 0, Hint::NONE).unwrap();
+        p.free(b.ptr, 0).unwrap();
+        assert_eq!(p.stats().cached_bytes, base + 8 * MIB);
+    });
+}
+
 /// Threads allocating and freeing at once with the caches engaged: every block handed out is distinct
 /// from every other live one, and the books balance.
 #[test]
