@@ -562,22 +562,24 @@ impl Pool {
     /// Give a block a thread's cache kept back to its arena (freed by the user already).
     fn give_back_kept(&self, k: Kept) {
         match self.tier_free(Tier::Extent, k.ptr, k.stream) {
-            Ok(()) => {}
+            Ok(()) => return,
             Err(TierError::Vmm(VmmError::Capturing(why))) => {
                 log::debug!(
                     "genpool: kept block {:#x} deferred during a capture ({why})",
                     k.ptr
                 );
-                self.deferred.lock().push(Deferred {
-                    ptr: k.ptr,
-                    size: k.size,
-                    tier: Tier::Extent,
-                    stream: k.stream,
-                });
-                self.deferred_bytes.fetch_add(k.size, Relaxed);
             }
+            // Its ordering could not be made (a device error): it waits out of its tier with the blocks
+            // a capture deferred, retried with them, rather than lost.
             Err(e) => log::error!("genpool: giving back kept block {:#x}: {e}", k.ptr),
         }
+        self.deferred.lock().push(Deferred {
+            ptr: k.ptr,
+            size: k.size,
+            tier: Tier::Extent,
+            stream: k.stream,
+        });
+        self.deferred_bytes.fetch_add(k.size, Relaxed);
     }
 
     /// Give every block the threads' caches keep back to its arena; returns how many.
