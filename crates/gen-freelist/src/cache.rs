@@ -314,30 +314,19 @@ impl FrontCache {
     #[cold]
     fn pop_global_run(&self, home: usize) -> Option<u32> {
         let links = self.list.links();
-        let global = self.list_head();
-        if let Some((first, last, n)) =
-            tagged_pop_run(global, links, self.shard_capacity, |tag, _| {
+        let (first, last, n) =
+            tagged_pop_run(self.list_head(), links, self.shard_capacity, |tag| {
                 tag.wrapping_add(1)
-            })
-        {
-            if n > 1 {
-                // The run is ours: `first`'s link names the second slot.
-                let second = links[first as usize].load(Ordering::Relaxed);
-                let k = n - 1;
-                let cap = self.shard_capacity;
-                let cached = tagged_push_chain(&self.shards[home], links, second, last, |meta| {
-                    let depth = meta & COUNT_MASK;
-                    (depth + k <= cap)
-                        .then(|| ((meta & !COUNT_MASK).wrapping_add(TAG_ONE)) | (depth + k))
-                });
-                if !cached {
-                    // Refilled meanwhile by a free: the rest goes back.
-                    tagged_push_chain(global, links, second, last, |tag| Some(tag.wrapping_add(1)));
-                }
+            })?;
+        if n > 1 {
+            // The run is ours: `first`'s link names the second slot.
+            let second = links[first as usize].load(Ordering::Relaxed);
+            if !self.shard_push(&self.shards[home], second, last, n - 1) {
+                // Refilled meanwhile by a free: the rest goes back.
+                self.list.push_linked(second, last);
             }
-            return Some(first);
         }
-        None
+        Some(first)
     }
 
     /// A free slot from the calling thread's shard or the global stack, never from another thread's
@@ -364,15 +353,8 @@ impl FrontCache {
         let room = (self.shard_capacity.saturating_sub(depth) as usize).min(idxs.len());
         let (near, rest) = idxs.split_at(room);
         if let Some((first, last)) = link_slice(links, near) {
-            let k = near.len() as u32;
-            let cap = self.shard_capacity;
-            let cached = tagged_push_chain(home, links, first, last, |meta| {
-                let depth = meta & COUNT_MASK;
-                (depth + k <= cap)
-                    .then(|| ((meta & !COUNT_MASK).wrapping_add(TAG_ONE)) | (depth + k))
-            });
-            if !cached {
-                self.list.push_chain(near);
+            if !self.shard_push(home, first, last, near.len() as u32) {
+                self.list.push_linked(first, last);
             }
         }
         self.list.push_chain(rest);
@@ -412,25 +394,27 @@ impl FrontCache {
             self.capacity()
         );
         let head = &self.shards[self.shard_index(shard)];
-        let cap = self.shard_capacity;
-        let pushed = tagged_push_chain(head, self.list.links(), idx, idx, |meta| {
-            let depth = meta & COUNT_MASK;
-            (depth < cap).then(|| ((meta & !COUNT_MASK).wrapping_add(TAG_ONE)) | (depth + 1))
-        });
-        if !pushed {
+        if !self.shard_push(head, idx, idx, 1) {
             // Full: the whole shard goes to the global stack as one chain (one CAS there per
             // `shard_capacity` frees rather than one per free: with threads freeing each other's
             // blocks, a shard that keeps filling would otherwise push every free onto the one head all
             // threads share), then this slot starts the shard again.
             self.spill(head);
-            let again = tagged_push_chain(head, self.list.links(), idx, idx, |meta| {
-                let depth = meta & COUNT_MASK;
-                (depth < cap).then(|| ((meta & !COUNT_MASK).wrapping_add(TAG_ONE)) | (depth + 1))
-            });
-            if !again {
+            if !self.shard_push(head, idx, idx, 1) {
                 self.list.push(idx);
             }
         }
+    }
+
+    /// Push the chain `first ..= last` of `k` slots (linked but for its bottom link) onto the shard at
+    /// `head` if the shard has room for all `k`; `false` (nothing pushed) otherwise.
+    #[inline]
+    fn shard_push(&self, head: &AtomicU64, first: u32, last: u32, k: u32) -> bool {
+        let cap = self.shard_capacity;
+        tagged_push_chain(head, self.list.links(), first, last, |meta| {
+            let depth = meta & COUNT_MASK;
+            (depth + k <= cap).then(|| ((meta & !COUNT_MASK).wrapping_add(TAG_ONE)) | (depth + k))
+        })
     }
 
     /// Detach every slot of the shard at `head` (one CAS) and push them to the global stack as one chain.
@@ -458,9 +442,7 @@ impl FrontCache {
             }
             last = next;
         }
-        tagged_push_chain(self.list_head(), links, first, last, |tag| {
-            Some(tag.wrapping_add(1))
-        });
+        self.list.push_linked(first, last);
     }
 
     /// Frees slot `idx`, or reports it out of range.

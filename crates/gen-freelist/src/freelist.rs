@@ -103,7 +103,7 @@ impl FreeList {
     /// [`push_chain`](Self::push_chain) come back as one run of neighbours.
     pub fn pop_run(&self, max: usize) -> Vec<u32> {
         let max = max.clamp(1, u32::MAX as usize) as u32;
-        match tagged_pop_run(&self.head, &self.links, max, |tag, _| tag.wrapping_add(1)) {
+        match tagged_pop_run(&self.head, &self.links, max, |tag| tag.wrapping_add(1)) {
             None => Vec::new(),
             Some((first, _, n)) => {
                 // The chain is ours now: its links are stable.
@@ -116,6 +116,12 @@ impl FreeList {
                 out
             }
         }
+    }
+
+    /// Pushes the chain `first ..= last`, already linked through this list's links and owned by the
+    /// caller (e.g. slots detached from a front cache's shard), with one successful CAS.
+    pub(crate) fn push_linked(&self, first: u32, last: u32) {
+        tagged_push_chain(&self.head, &self.links, first, last, bump);
     }
 
     /// Pushes every slot of `idxs` with one successful CAS: the slots are linked privately first, then the

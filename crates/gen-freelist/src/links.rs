@@ -84,7 +84,7 @@ pub(crate) fn tagged_pop(
 /// Pops up to `max` (≥ 1) slots from the top of the tagged stack `head` with one successful CAS: returns
 /// `(first, last, n)`, the popped chain `first -> ... -> last` of `n` slots as it was linked on the stack
 /// (`links[last]` still names the slot below it: the caller relinks it), or `None` if the stack was empty.
-/// `next_meta` maps the old `meta` and `n` to the new one.
+/// `next_meta` maps the old `meta` to the new one.
 ///
 /// The walk reads links of slots that are not the caller's yet: another thread may pop and push them
 /// meanwhile, but then `meta` changed and the CAS fails, so a successful CAS means the chain walked was
@@ -94,7 +94,7 @@ pub(crate) fn tagged_pop_run(
     head: &AtomicU64,
     links: &[AtomicU32],
     max: u32,
-    next_meta: impl Fn(u32, u32) -> u32,
+    next_meta: impl Fn(u32) -> u32,
 ) -> Option<(u32, u32, u32)> {
     let mut cur = head.load(Ordering::Acquire);
     loop {
@@ -112,7 +112,7 @@ pub(crate) fn tagged_pop_run(
         }
         match head.compare_exchange_weak(
             cur,
-            pack(next, next_meta(meta, n)),
+            pack(next, next_meta(meta)),
             Ordering::Acquire,
             Ordering::Acquire,
         ) {
