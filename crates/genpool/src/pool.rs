@@ -853,38 +853,22 @@ impl Pool {
         }
         self.learn(&meta.stamp, size);
         // Several threads allocating at once: the freeing thread keeps its own-stream large block for
-        // its next allocation of that size (`tcache.rs`).
-        if meta.tier == Tier::Extent
+        // its next allocation of that size (`tcache.rs`). A record names its thread only for an extent
+        // block allocated while the caches were engaged (so in a pool routing by size).
+        if meta.thread != NO_THREAD
             && !meta.ticket.is_planned()
             && stream == meta.stream
-            && self.tcache.on()
-            && self.tcache.mine(meta.thread)
-            && self.hot.routing == Routing::Single
+            && ThreadCaches::fits(size)
             && !self.device.captures().active()
+            && self.tcache.mine(meta.thread)
         {
             self.plan_free(meta.ticket, None);
-            if let Ok(out) = self.tcache.keep(Kept { ptr, size, stream }) {
-                for k in out {
-                    self.give_back_kept(k);
-                }
-                self.books.sub(Tier::Extent as usize, size);
-                return Ok(LiveBlock::of(ptr, &meta));
+            for k in self.tcache.keep(Kept { ptr, size, stream }) {
+                self.give_back_kept(k);
             }
-            return self.free_to_tier(ptr, meta, stream, true);
+            self.books.sub(Tier::Extent as usize, size);
+            return Ok(LiveBlock::of(ptr, &meta));
         }
-        self.free_to_tier(ptr, meta, stream, false)
-    }
-
-    /// The rest of a free: the block back to its tier (or the plan), the books. `plan_told`: the planner
-    /// already knows of this free.
-    fn free_to_tier(
-        &self,
-        ptr: u64,
-        meta: Meta,
-        stream: StreamId,
-        plan_told: bool,
-    ) -> Result<LiveBlock> {
-        let size = meta.size;
         let res = match meta.tier {
             Tier::Extent if meta.ticket.is_planned() => {
                 // Served from the plan's range: the slot is free again once the planner knows. Only one
@@ -894,7 +878,7 @@ impl Pool {
                 Ok(())
             }
             t => {
-                if t == Tier::Extent && !plan_told {
+                if t == Tier::Extent {
                     self.plan_free(meta.ticket, None);
                 }
                 match self.tier_free(t, ptr, stream) {

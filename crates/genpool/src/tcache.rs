@@ -136,12 +136,16 @@ impl ThreadCaches {
         Some(k.ptr)
     }
 
-    /// Keep `block` in the calling thread's cache. `Err(block)`: not kept (too large); else the blocks
-    /// it pushed out (the oldest, past [`ENTRIES`] or [`MAX_BYTES`]), for the caller to give back.
-    pub(crate) fn keep(&self, block: Kept) -> Result<Vec<Kept>, Kept> {
-        if block.size > MAX_BLOCK {
-            return Err(block);
-        }
+    /// Whether a block of `size` bytes may be kept (at most [`MAX_BLOCK`]).
+    #[inline]
+    pub(crate) fn fits(size: u64) -> bool {
+        size <= MAX_BLOCK
+    }
+
+    /// Keep `block` (one that [`fits`](Self::fits)) in the calling thread's cache. Returns the blocks it
+    /// pushed out (the oldest, past [`ENTRIES`] or [`MAX_BYTES`]), for the caller to give back.
+    pub(crate) fn keep(&self, block: Kept) -> Vec<Kept> {
+        debug_assert!(Self::fits(block.size));
         let c = &self.caches[thread_slot::mine().index];
         let mut kept = c.kept.lock();
         // Under the lock, so a plain store: only the lock's holder changes it.
@@ -154,7 +158,7 @@ impl ThreadCaches {
         }
         kept.push(block);
         c.bytes.store(bytes + block.size, Relaxed);
-        Ok(out)
+        out
     }
 
     /// Every kept block of every thread, taken out (for the caller to give back to its tier).
@@ -206,7 +210,7 @@ mod tests {
         done.wait();
         second.join().unwrap();
 
-        assert_eq!(t.keep(kept(0x1000, 1 << 20, 7)), Ok(vec![]));
+        assert_eq!(t.keep(kept(0x1000, 1 << 20, 7)), vec![]);
         assert_eq!(t.take(1 << 20, 8), None, "another stream");
         assert_eq!(t.take(2 << 20, 7), None, "another size");
         let t4 = t.clone();
@@ -228,19 +232,17 @@ mod tests {
         let t = ThreadCaches::new(1);
         t.note_thread();
         assert!(t.on());
-        assert_eq!(
-            t.keep(kept(1, MAX_BLOCK + 512, 0)),
-            Err(kept(1, MAX_BLOCK + 512, 0))
-        );
+        assert!(!ThreadCaches::fits(MAX_BLOCK + 512));
+        assert!(ThreadCaches::fits(MAX_BLOCK));
         for i in 0..ENTRIES as u64 {
-            assert_eq!(t.keep(kept(0x10 + i, 4096, 0)), Ok(vec![]));
+            assert_eq!(t.keep(kept(0x10 + i, 4096, 0)), vec![]);
         }
         // One more pushes the oldest out.
-        assert_eq!(t.keep(kept(0x99, 4096, 0)), Ok(vec![kept(0x10, 4096, 0)]));
+        assert_eq!(t.keep(kept(0x99, 4096, 0)), vec![kept(0x10, 4096, 0)]);
         // Bytes: two 64 MiB blocks fill it; the rest go.
-        let out = t.keep(kept(0xA0, MAX_BLOCK, 0)).unwrap();
+        let out = t.keep(kept(0xA0, MAX_BLOCK, 0));
         assert_eq!(out.len(), 1);
-        let out = t.keep(kept(0xB0, MAX_BLOCK, 0)).unwrap();
+        let out = t.keep(kept(0xB0, MAX_BLOCK, 0));
         assert_eq!(out.len(), ENTRIES - 1, "{out:?}");
         assert_eq!(t.bytes(), 2 * MAX_BLOCK);
         let all = t.drain();
