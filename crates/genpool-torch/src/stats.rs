@@ -77,7 +77,6 @@ impl ThreadFigures {
 pub(crate) struct DeviceCounters {
     threads: [ThreadFigures; thread_slot::SLOTS + 1],
     folded: [AtomicI64; FIGURES],
-    folded_freed: [AtomicI64; FIGURES],
     peak: [AtomicI64; FIGURES],
     /// `current` at the last accumulated reset (PyTorch's `allocated` = current + freed − base).
     base: [AtomicI64; FIGURES],
@@ -93,7 +92,6 @@ impl DeviceCounters {
         DeviceCounters {
             threads: [const { ThreadFigures::new() }; thread_slot::SLOTS + 1],
             folded: [const { AtomicI64::new(0) }; FIGURES],
-            folded_freed: [const { AtomicI64::new(0) }; FIGURES],
             peak: [const { AtomicI64::new(0) }; FIGURES],
             base: [const { AtomicI64::new(0) }; FIGURES],
             freed_base: [const { AtomicI64::new(0) }; FIGURES],
@@ -167,27 +165,19 @@ impl DeviceCounters {
         self.folded[f].fetch_add(amount, Relaxed);
     }
 
-    /// The shared total `folded[f]` plus every thread's share of `field`'s figure `f`.
-    fn sum(
-        &self,
-        folded: &[AtomicI64; FIGURES],
-        f: usize,
-        field: impl Fn(&ThreadFigures) -> &[AtomicI64; FIGURES],
-    ) -> i64 {
-        folded[f].load(Relaxed)
-            + self
-                .threads
-                .iter()
-                .map(|t| field(t)[f].load(Relaxed))
-                .sum::<i64>()
+    /// Every thread's share of `field`'s figure `f`.
+    fn sum(&self, f: usize, field: impl Fn(&ThreadFigures) -> &[AtomicI64; FIGURES]) -> i64 {
+        self.threads.iter().map(|t| field(t)[f].load(Relaxed)).sum()
     }
 
+    /// Figure `f` now: the shared total (what threads folded) and every thread's share.
     fn current(&self, f: usize) -> i64 {
-        self.sum(&self.folded, f, |t| &t.current)
+        self.folded[f].load(Relaxed) + self.sum(f, |t| &t.current)
     }
 
+    /// Removed from figure `f` in all (never folded: only `current` feeds peaks).
     fn freed_total(&self, f: usize) -> i64 {
-        self.sum(&self.folded_freed, f, |t| &t.freed)
+        self.sum(f, |t| &t.freed)
     }
 
     fn stat(&self, f: usize) -> GenpoolStat {
