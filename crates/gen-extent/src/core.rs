@@ -16,6 +16,8 @@
 
 use std::collections::BTreeSet;
 
+use gen_vmm::Stamp;
+
 use crate::tags::Tags;
 
 /// Allocation granularity and alignment: blocks start at multiples of 512 B, sizes round up to 512 B.
@@ -155,6 +157,11 @@ pub struct ExtentCore {
     free_count: usize,
     live_count: usize,
     live_bytes: u64,
+    /// With [`keep_stamps`](Self::keep_stamps): each free extent's [`Stamp`] (keyed like its start tag;
+    /// none kept for [`Stamp::NONE`]).
+    stamps: Option<Tags>,
+    /// The end of the highest block ever allocated: nothing past it was ever used.
+    high: u64,
     /// Lowest-address first fit instead of best fit (a linear scan: for experiments).
     pub first_fit: bool,
 }
@@ -172,12 +179,61 @@ impl ExtentCore {
             free_count: 0,
             live_count: 0,
             live_bytes: 0,
+            stamps: None,
+            high: 0,
             first_fit: std::env::var_os("GENPOOL_FIRST_FIT").is_some(),
         };
         if len > 0 {
             core.insert_free(0, len);
         }
         core
+    }
+
+    /// Keep a [`Stamp`] on each free extent from now on (a range several streams allocate from, ordered
+    /// lazily: see [`gen_vmm::Handoff::before_use`]): a free's stamp stays on the extent it joins (merged
+    /// with its neighbours'), an allocation returns the stamp of the extent it was cut from, and what is
+    /// left of that extent keeps it. Extents freed before carry [`Stamp::NONE`].
+    pub fn keep_stamps(&mut self) {
+        if self.stamps.is_none() {
+            self.stamps = Some(Tags::new());
+        }
+    }
+
+    #[inline]
+    fn take_stamp(&mut self, off: u64) -> Stamp {
+        match &mut self.stamps {
+            Some(t) => Stamp::from_bits(t.remove(off | START).unwrap_or(0)),
+            None => Stamp::NONE,
+        }
+    }
+
+    #[inline]
+    fn put_stamp(&mut self, off: u64, stamp: Stamp) {
+        if let (Some(t), false) = (&mut self.stamps, stamp.is_none()) {
+            t.insert(off | START, stamp.bits());
+        }
+    }
+
+    /// Allocate `size` bytes (rounded up to 512 B) in address space no block ever used — past the
+    /// highest block so far — with [`Stamp::NONE`] whatever stamp the free extent there carries (no free
+    /// can have touched those bytes). `None` when the range's end is too close.
+    pub fn alloc_unused(&mut self, size: u64) -> Option<(u64, Stamp)> {
+        let high = self.high;
+        self.alloc_at_stamped(high, size)
+            .map(|(off, _)| (off, Stamp::NONE))
+    }
+
+    /// The stamp of the free extent holding `[offset, offset + size)` ([`Stamp::NONE`] when no stamps
+    /// are kept or no free extent holds it). Cheap for a placement at either end of a free extent (as
+    /// [`candidates`](Self::candidates) returns).
+    pub fn free_stamp(&self, offset: u64, size: u64) -> Stamp {
+        let Some(stamps) = &self.stamps else {
+            return Stamp::NONE;
+        };
+        match self.free_extent_holding(offset, offset.saturating_add(size)) {
+            Some((start, _)) => Stamp::from_bits(stamps.get(start | START).unwrap_or(0)),
+            None => Stamp::NONE,
+        }
     }
 
     /// Length of the managed range in bytes.
@@ -250,6 +306,12 @@ impl ExtentCore {
     /// Allocate `size` bytes (rounded up to 512 B) best-fit; returns the offset, or `None` when no free
     /// extent is large enough (or `size` is 0).
     pub fn alloc(&mut self, size: u64) -> Option<u64> {
+        self.alloc_stamped(size).map(|(off, _)| off)
+    }
+
+    /// [`alloc`](Self::alloc), with the stamp of the extent the block was cut from (see
+    /// [`keep_stamps`](Self::keep_stamps)).
+    pub fn alloc_stamped(&mut self, size: u64) -> Option<(u64, Stamp)> {
         let size = round_size(size)?;
         let (ext_size, off) = if self.first_fit {
             let (_, o, s) = self
@@ -265,6 +327,7 @@ impl ExtentCore {
             (s, o)
         };
         self.free_count -= 1;
+        let stamp = self.take_stamp(off);
         // The start tag turns live in place; the remainder gets a start tag and takes over the end tag.
         self.tags.insert(off | START, size << 1);
         if ext_size > size {
@@ -274,12 +337,14 @@ impl ExtentCore {
             self.tags.insert((off + ext_size) | END, rest);
             self.bin(rest, ext_size - size);
             self.free_count += 1;
+            self.put_stamp(rest, stamp);
         } else {
             self.tags.remove((off + ext_size) | END);
         }
         self.live_count += 1;
         self.live_bytes += size;
-        Some(off)
+        self.high = self.high.max(off + size);
+        Some((off, stamp))
     }
 
     /// Up to `k` placements for `size` bytes (rounded up to 512 B), best fit first: for each of the `k`
@@ -326,6 +391,11 @@ impl ExtentCore {
     /// one free extent (as [`candidates`](Self::candidates) returns). Returns `None`, changing nothing,
     /// otherwise.
     pub fn alloc_at(&mut self, offset: u64, size: u64) -> Option<u64> {
+        self.alloc_at_stamped(offset, size).map(|(off, _)| off)
+    }
+
+    /// [`alloc_at`](Self::alloc_at), with the stamp of the extent the block was cut from.
+    pub fn alloc_at_stamped(&mut self, offset: u64, size: u64) -> Option<(u64, Stamp)> {
         let size = round_size(size)?;
         let end = offset.checked_add(size)?;
         if offset % MIN_BLOCK != 0 || end > self.len {
@@ -333,16 +403,20 @@ impl ExtentCore {
         }
         let (ext_off, ext_size) = self.free_extent_holding(offset, end)?;
         self.remove_free(ext_off, ext_size);
+        let stamp = self.take_stamp(ext_off);
         if offset > ext_off {
             self.insert_free(ext_off, offset - ext_off);
+            self.put_stamp(ext_off, stamp);
         }
         if ext_off + ext_size > end {
             self.insert_free(end, ext_off + ext_size - end);
+            self.put_stamp(end, stamp);
         }
         self.tags.insert(offset | START, size << 1);
         self.live_count += 1;
         self.live_bytes += size;
-        Some(offset)
+        self.high = self.high.max(end);
+        Some((offset, stamp))
     }
 
     /// Size of the live block starting at `offset`, if any.
@@ -359,7 +433,14 @@ impl ExtentCore {
     /// Free the live block starting at `offset` and coalesce it with free neighbours; returns its size,
     /// or `None` (with no effect) when no live block starts there.
     pub fn free(&mut self, offset: u64) -> Option<u64> {
+        self.free_stamped(offset, Stamp::NONE)
+    }
+
+    /// [`free`](Self::free), leaving `stamp` on the freed bytes: the extent they join carries it merged
+    /// with its neighbours' (see [`keep_stamps`](Self::keep_stamps)).
+    pub fn free_stamped(&mut self, offset: u64, stamp: Stamp) -> Option<u64> {
         let size = self.block_size(offset)?;
+        let mut stamp = stamp;
         self.live_count -= 1;
         self.live_bytes -= size;
         let (mut start, mut end) = (offset, offset + size);
@@ -369,18 +450,21 @@ impl ExtentCore {
             self.free_count -= 1;
             self.tags.remove(offset | START);
             start = p_off;
+            stamp = stamp.merge(self.take_stamp(p_off));
         }
         if let Some(v) = self.tags.get(end | START).filter(|v| v & FREE != 0) {
             let n_size = v >> 1;
             self.unbin(end, n_size);
             self.free_count -= 1;
             self.tags.remove(end | START);
+            stamp = stamp.merge(self.take_stamp(end));
             end += n_size;
         }
         self.tags.insert(start | START, ((end - start) << 1) | FREE);
         self.tags.insert(end | END, start);
         self.bin(start, end - start);
         self.free_count += 1;
+        self.put_stamp(start, stamp);
         Some(size)
     }
 
@@ -512,6 +596,14 @@ impl ExtentCore {
         }
         if lives.iter().map(|&(_, s)| s).sum::<u64>() != self.live_bytes {
             return Err("live byte count out of sync".into());
+        }
+        if let Some(stamps) = &self.stamps {
+            for (k, v) in stamps.iter() {
+                let off = k & !(MIN_BLOCK - 1);
+                if v == 0 || !frees.iter().any(|&(o, _)| o == off) {
+                    return Err(format!("a stamp at {off:#x}, not a free extent's start"));
+                }
+            }
         }
         let mut all = frees;
         all.extend(lives);

@@ -20,7 +20,7 @@ mod tags;
 
 use std::sync::Arc;
 
-use gen_vmm::{PagePool, Region};
+use gen_vmm::{PagePool, Region, Stamp};
 use parking_lot::Mutex;
 
 pub use crate::core::{round_size, ExtentCore, MIN_BLOCK};
@@ -33,6 +33,10 @@ pub use gen_vmm::TierError;
 /// always finds a free extent (with 2× a random-size workload failed a 0.4 GiB request on a 0.5 GiB
 /// device with 0.45 GiB free — found by genpool's tests/prop.rs).
 pub const DEFAULT_VA_TIMES: u64 = 8;
+
+/// How many best-fitting free extents a placement restricted by stamps ([`ExtentArena::alloc_ordered`]
+/// with `usable`: during a capture, bytes needing no ordering) looks through.
+pub const CAPTURE_CANDIDATES: usize = 16;
 
 /// Configuration of an [`ExtentArena`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -148,59 +152,125 @@ impl ExtentArena {
         })
     }
 
+    /// Choose where a block of `rounded` bytes goes and take it from the core. Page-aware best fit
+    /// (`candidates` > 1): among the few best-fitting free extents (either end of each), the placement
+    /// that needs the fewest pages mapped — reusing address ranges whose pages are still mapped is what
+    /// lets a steady state run without moving pages (each move costs an unmap and a map). Ties keep
+    /// best-fit order. With `usable`, only placements whose stamp it accepts, among the
+    /// [`CAPTURE_CANDIDATES`] best fits at least, else in address space no block ever used.
+    fn place(
+        &self,
+        core: &mut ExtentCore,
+        rounded: u64,
+        candidates: usize,
+        usable: Option<&dyn Fn(Stamp) -> bool>,
+    ) -> Option<(u64, Stamp)> {
+        let mut cands = match usable {
+            None if candidates <= 1 => return core.alloc_stamped(rounded),
+            None => core.candidates(rounded, candidates),
+            Some(_) => core.candidates(rounded, candidates.max(CAPTURE_CANDIDATES)),
+        };
+        if let Some(ok) = usable {
+            cands.retain(|&o| ok(core.free_stamp(o, rounded)));
+            if cands.is_empty() {
+                // Bytes no block ever used need no ordering.
+                return core.alloc_unused(rounded);
+            }
+        } else if cands.len() <= 1 {
+            return core.alloc_stamped(rounded);
+        }
+        let ranges: Vec<(u64, u64)> = cands.iter().map(|&o| (o, rounded)).collect();
+        let pages = self.region.unbacked_pages(&ranges);
+        let best = cands
+            .iter()
+            .zip(&pages)
+            .min_by_key(|&(_, &p)| p)
+            .map(|(&o, _)| o)?;
+        core.alloc_at_stamped(best, rounded)
+    }
+
     /// Allocate `size` bytes (rounded up to 512 B, 512-B aligned), best fit, and commit exactly those
     /// bytes. With `grow == false`, fails with [`TierError::WouldGrow`] rather than create physical
     /// pages. On error nothing changed.
-    /// Choose where a block of `rounded` bytes goes and take it from the core. Page-aware best fit:
-    /// among the few best-fitting free extents (either end of each), the placement that needs the fewest
-    /// pages mapped — reusing address ranges whose pages are still mapped is what lets a training loop's
-    /// steady state run without moving pages (each move costs a synchronize, an unmap and a map).
-    /// Ties keep best-fit order.
-    fn place(&self, core: &mut ExtentCore, rounded: u64) -> Option<u64> {
-        if self.placement_candidates <= 1 {
-            return core.alloc(rounded);
-        }
-        let cands = core.candidates(rounded, self.placement_candidates);
-        if cands.len() <= 1 {
-            return core.alloc(rounded);
-        }
-        let ranges: Vec<(u64, u64)> = cands.iter().map(|&o| (o, rounded)).collect();
-        let costs = self.region.unbacked_pages(&ranges);
-        let best = cands
-            .iter()
-            .zip(&costs)
-            .min_by_key(|&(_, &c)| c)
-            .map(|(&o, _)| o)?;
-        core.alloc_at(best, rounded)
-    }
-
     pub fn alloc(&self, size: u64, grow: bool) -> Result<u64, TierError> {
         let rounded = round_size(size).ok_or(TierError::InvalidSize(size))?;
         let mut g = self.inner.lock();
-        let off = self
-            .place(&mut g.core, rounded)
+        let (off, stamp) = self.take(&mut g, rounded, self.placement_candidates, None)?;
+        self.commit_taken(&mut g, off, rounded, grow, stamp, None)?;
+        Ok(self.base + off)
+    }
+
+    /// [`alloc`](Self::alloc) in an arena several streams allocate from, ordered lazily
+    /// ([`keep_stamps`](Self::keep_stamps)), placed among `candidates` best fits (as
+    /// [`ExtentConfig::placement_candidates`]; with `usable`, only where it accepts the stamp, else
+    /// [`TierError::Exhausted`]): the block is for work on `stream`; `order` gets the stamp of
+    /// the bytes it was cut from, before their pages are committed, and must make `stream` wait for the
+    /// streams it names ([`gen_vmm::Handoff::before_use`]). When `order` fails the bytes go back, stamp
+    /// and all, and its error is returned. Pages come as for [`gen_vmm::Region::commit_for`]: a warm page
+    /// last used on another stream is ordered on the device, not by a synchronize.
+    pub fn alloc_ordered(
+        &self,
+        size: u64,
+        grow: bool,
+        stream: gen_device::StreamId,
+        candidates: usize,
+        usable: Option<&dyn Fn(Stamp) -> bool>,
+        order: impl FnOnce(Stamp) -> Result<(), TierError>,
+    ) -> Result<u64, TierError> {
+        let rounded = round_size(size).ok_or(TierError::InvalidSize(size))?;
+        let mut g = self.inner.lock();
+        let (off, stamp) = self.take(&mut g, rounded, candidates, usable)?;
+        if let Err(e) = order(stamp) {
+            g.core.free_stamped(off, stamp);
+            return Err(e);
+        }
+        self.commit_taken(&mut g, off, rounded, grow, stamp, Some(stream))?;
+        Ok(self.base + off)
+    }
+
+    /// Keep a [`Stamp`] on the free extents from now on: for an arena several streams allocate from,
+    /// ordered lazily ([`free_stamped`](Self::free_stamped), [`alloc_ordered`](Self::alloc_ordered)).
+    pub fn keep_stamps(&self) {
+        self.inner.lock().core.keep_stamps();
+    }
+
+    /// Take `rounded` bytes from the core, placed among `candidates` best fits ([`place`](Self::place)).
+    #[inline]
+    fn take(
+        &self,
+        g: &mut Inner,
+        rounded: u64,
+        candidates: usize,
+        usable: Option<&dyn Fn(Stamp) -> bool>,
+    ) -> Result<(u64, Stamp), TierError> {
+        self.place(&mut g.core, rounded, candidates, usable)
             .ok_or_else(|| TierError::Exhausted {
                 what: "extent address space",
                 requested: rounded,
                 available: g.core.largest_free(),
-            })?;
-        self.commit_taken(&mut g, off, rounded, grow)?;
-        Ok(self.base + off)
+            })
     }
 
-    /// Commit the pages of `[off, off + rounded)`, just taken from the core, and keep the books; on error
-    /// the range goes back to the core (nothing changed).
+    /// Commit the pages of `[off, off + rounded)`, just taken from the core with `stamp`, for work on
+    /// `stream` (`None`: the region's own stream), and keep the books; on error the range goes back to
+    /// the core with its stamp (nothing changed).
     fn commit_taken(
         &self,
         g: &mut Inner,
         off: u64,
         rounded: u64,
         grow: bool,
+        stamp: Stamp,
+        stream: Option<gen_device::StreamId>,
     ) -> Result<(), TierError> {
-        let pages = match self.region.commit_counted(off, rounded, grow) {
+        let committed = match stream {
+            Some(s) => self.region.commit_counted_for(off, rounded, grow, s),
+            None => self.region.commit_counted(off, rounded, grow),
+        };
+        let pages = match committed {
             Ok(pages) => pages,
             Err(e) => {
-                g.core.free(off);
+                g.core.free_stamped(off, stamp);
                 return Err(e.into());
             }
         };
@@ -228,29 +298,45 @@ impl ExtentArena {
         }
         let off = ptr - self.base;
         let mut g = self.inner.lock();
-        if g.core.alloc_at(off, rounded).is_none() {
+        let Some((_, stamp)) = g.core.alloc_at_stamped(off, rounded) else {
             return Err(unplaceable(
                 "the range is not free (a live block overlaps it)",
             ));
-        }
-        self.commit_taken(&mut g, off, rounded, true)?;
+        };
+        self.commit_taken(&mut g, off, rounded, true, stamp, None)?;
         Ok(rounded)
     }
 
     /// Free the block starting at `ptr`: decommit its bytes and coalesce; returns its (rounded) size. A
     /// pointer that is not the start of a live block is [`TierError::InvalidFree`], with no effect.
     pub fn free(&self, ptr: u64) -> Result<u64, TierError> {
-        self.free_with(ptr, None)
+        self.free_with(ptr, None, Stamp::NONE)
     }
 
     /// [`free`](Self::free) for an arena several streams share (no [`set_stream`](Self::set_stream)):
     /// the pages the block leaves free are stamped with `stream`, whose work used it last, so their next
     /// reuse elsewhere waits for that stream only ([`gen_vmm::Region::decommit_for`]).
     pub fn free_on(&self, ptr: u64, stream: gen_device::StreamId) -> Result<u64, TierError> {
-        self.free_with(ptr, Some(stream))
+        self.free_with(ptr, Some(stream), Stamp::NONE)
     }
 
-    fn free_with(&self, ptr: u64, stream: Option<gen_device::StreamId>) -> Result<u64, TierError> {
+    /// [`free_on`](Self::free_on) in an arena ordered lazily ([`keep_stamps`](Self::keep_stamps)): the
+    /// freed bytes keep `stamp` (from [`gen_vmm::Handoff::freed_lazily`]) until they are allocated again.
+    pub fn free_stamped(
+        &self,
+        ptr: u64,
+        stream: gen_device::StreamId,
+        stamp: Stamp,
+    ) -> Result<u64, TierError> {
+        self.free_with(ptr, Some(stream), stamp)
+    }
+
+    fn free_with(
+        &self,
+        ptr: u64,
+        stream: Option<gen_device::StreamId>,
+        stamp: Stamp,
+    ) -> Result<u64, TierError> {
         if !self.owns(ptr) {
             return Err(TierError::InvalidFree {
                 ptr,
@@ -259,10 +345,13 @@ impl ExtentArena {
         }
         let off = ptr - self.base;
         let mut g = self.inner.lock();
-        let size = g.core.free(off).ok_or(TierError::InvalidFree {
-            ptr,
-            reason: "not the start of a live extent",
-        })?;
+        let size = g
+            .core
+            .free_stamped(off, stamp)
+            .ok_or(TierError::InvalidFree {
+                ptr,
+                reason: "not the start of a live extent",
+            })?;
         match stream {
             Some(s) => self.region.decommit_for(off, size, s),
             None => self.region.decommit(off, size),

@@ -944,7 +944,7 @@ impl Slab {
             }
             let from = self.streams.ids[s].load(Relaxed);
             match self.region.pool().order_after(stream, from) {
-                Ok(()) => {
+                Ok(_) => {
                     own.global().push_chain(&batch);
                     self.counters.migrations.fetch_add(1, Relaxed);
                     return true;

@@ -18,6 +18,16 @@
 //! fence and a wait, where PyTorch's caching allocator records an event per recorded stream and polls it
 //! from the host before the block's next use.
 //!
+//! **Shared ranges order lazily** ([`Handoff::freed_lazily`], [`Handoff::before_use`]): where several
+//! streams allocate from one range all the time (the arena the streams after the first share), ordering
+//! every other allocator at every free costs a fence and a wait per allocator per free — more than the
+//! blocks' work. There a free makes no device call: it leaves a [`Stamp`] on the freed bytes (which
+//! streams freed them, and when, in the handoff's count of frees), the range keeps the stamp on the free
+//! extent (merged when extents coalesce), and the stream that allocates there waits only for the
+//! streams named on the bytes it gets — and only for those it has not already waited for since their
+//! free: one fence and one wait per pair of streams per hand-over, none for a block that goes back to
+//! the stream that freed it.
+//!
 //! Pages need no more than this: a page freed in a region whose allocators all waited for S is covered by
 //! their later fences, and a region of no stream of its own stamps its pages with S
 //! ([`Region::decommit_for`](crate::Region::decommit_for)).
@@ -45,6 +55,69 @@ pub struct Handoff {
 struct Parties {
     allocators: Vec<StreamId>,
     freers: Vec<StreamId>,
+    /// Lazy ordering: the streams that freed with a stamp, by stamp bit (never shrinks: a stamp names
+    /// its freers by their place here). Streams past [`SLOTS`] share the last bit.
+    slots: Vec<StreamId>,
+    /// Frees stamped so far (a stamp's time).
+    seq: u64,
+    /// Stamps up to this time need no ordering (the device was synchronized after them).
+    synced_seq: u64,
+    /// `(t, s, time)`: stream `t` waited for `s`'s work after every free `s` stamped up to `time`.
+    ordered: Vec<(StreamId, StreamId, u64)>,
+    /// `(s, time, epoch)`: the newest fence recorded on `s` for this range, after every free `s` stamped
+    /// up to `time`, at the page pool's `epoch` — another stream needing no later free of `s` waits on it.
+    fenced: Vec<(StreamId, u64, u64)>,
+}
+
+/// Stamp bits naming freers one each; the last bit names every freer past them.
+const SLOTS: usize = 15;
+const SEQ_BITS: u32 = 48;
+const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
+
+/// What a lazily ordered free leaves on the bytes it frees: the streams that freed them (a bit per
+/// freer, as the handoff numbers them) and the time of the latest of those frees. Ranges keep it on
+/// their free extents, merged when extents coalesce and copied to both parts when one is split; the
+/// stream that allocates the bytes hands it to [`Handoff::before_use`]. [`Stamp::NONE`]: bytes no
+/// stamped free touched, nothing to order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Stamp(u64);
+
+impl Stamp {
+    /// Nothing to order.
+    pub const NONE: Stamp = Stamp(0);
+
+    /// The stamp of bytes carrying both `self` and `other` (freed by either's streams, as late as the
+    /// later of the two).
+    #[inline]
+    pub fn merge(self, other: Stamp) -> Stamp {
+        Stamp(((self.0 | other.0) & !SEQ_MASK) | (self.0 & SEQ_MASK).max(other.0 & SEQ_MASK))
+    }
+
+    /// Whether there is nothing to order.
+    #[inline]
+    pub fn is_none(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The stamp as a word (for a range's tables); [`Stamp::from_bits`] reverses it.
+    #[inline]
+    pub fn bits(self) -> u64 {
+        self.0
+    }
+
+    /// A stamp kept as [`Stamp::bits`].
+    #[inline]
+    pub fn from_bits(bits: u64) -> Stamp {
+        Stamp(bits)
+    }
+
+    fn seq(self) -> u64 {
+        self.0 & SEQ_MASK
+    }
+
+    fn freers(self) -> u64 {
+        self.0 >> SEQ_BITS
+    }
 }
 
 impl Default for Handoff {
@@ -146,6 +219,149 @@ impl Handoff {
         Ok(())
     }
 
+    /// `stream` allocates from a lazily ordered range: counted among its allocators ([`sole`](Self::sole)),
+    /// with no ordering — every free into such a range is stamped, so the bytes a stream gets say whom it
+    /// must wait for ([`before_use`](Self::before_use)).
+    #[inline]
+    pub fn join_lazily(&self, stream: StreamId) {
+        if self.sole.load(Ordering::SeqCst) == stream {
+            return;
+        }
+        let mut p = self.parties.lock();
+        if !p.allocators.contains(&stream) {
+            p.allocators.push(stream);
+            self.publish_sole(&p);
+        }
+    }
+
+    /// A block of a lazily ordered range was freed on `stream`: no device call; returns the stamp its bytes
+    /// carry until they are allocated again ([`before_use`](Self::before_use)). Every free is stamped,
+    /// the sole allocator's too (a stream that joins later learns from the stamps what to wait for).
+    pub fn freed_lazily(&self, stream: StreamId) -> Stamp {
+        let mut p = self.parties.lock();
+        if !p.freers.contains(&stream) {
+            p.freers.push(stream);
+        }
+        let slot = match p.slots.iter().position(|&s| s == stream) {
+            Some(i) => i,
+            None => {
+                p.slots.push(stream);
+                p.slots.len() - 1
+            }
+        };
+        p.seq += 1;
+        debug_assert!(p.seq <= SEQ_MASK);
+        Stamp((1u64 << (SEQ_BITS + slot.min(SLOTS) as u32)) | (p.seq & SEQ_MASK))
+    }
+
+    /// Whether [`before_use`](Self::before_use) of `stamp` by `stream` would need a device call (an
+    /// ordering it does not have yet): what a capture, which cannot take one, must avoid.
+    pub fn pending(&self, stream: StreamId, stamp: Stamp) -> bool {
+        if stamp.is_none() {
+            return false;
+        }
+        let p = self.parties.lock();
+        let at = stamp.seq();
+        if at <= p.synced_seq {
+            return false;
+        }
+        let mut bits = stamp.freers();
+        while bits != 0 {
+            let bit = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            let named = if bit < SLOTS {
+                bit..bit + 1
+            } else {
+                SLOTS..p.slots.len()
+            };
+            for &s in p.slots.get(named).unwrap_or(&[]) {
+                let ordered = p
+                    .ordered
+                    .iter()
+                    .any(|&(t, f, time)| t == stream && f == s && time >= at);
+                if s != stream && !ordered {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    /// `stream` is about to use bytes of the range that carry `stamp`: it waits (on the device) for
+    /// each stream named there that it has not waited for since that stream's stamped free. No device
+    /// call for [`Stamp::NONE`], for bytes `stream` itself freed, or when it already waited.
+    ///
+    /// Fails only when a needed wait can be neither ordered on the device nor replaced by a synchronize
+    /// (a capture: [`VmmError::Capturing`]; a device error): the caller must not use the bytes then.
+    pub fn before_use(
+        &self,
+        pages: &PagePool,
+        stream: StreamId,
+        stamp: Stamp,
+    ) -> Result<(), VmmError> {
+        if stamp.is_none() {
+            return Ok(());
+        }
+        let mut p = self.parties.lock();
+        let at = stamp.seq();
+        if at <= p.synced_seq {
+            return Ok(());
+        }
+        let mut bits = stamp.freers();
+        while bits != 0 {
+            let bit = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            let named = if bit < SLOTS {
+                bit..bit + 1
+            } else {
+                SLOTS..p.slots.len()
+            };
+            for i in named {
+                let Some(&s) = p.slots.get(i) else { continue };
+                if s == stream {
+                    continue;
+                }
+                let entry = p
+                    .ordered
+                    .iter()
+                    .position(|&(t, f, _)| t == stream && f == s);
+                if entry.is_some_and(|e| p.ordered[e].2 >= at) {
+                    continue;
+                }
+                // A fence of `s` recorded after the stamped free serves; else a new one.
+                let fence = p.fenced.iter().position(|&(f, t, _)| f == s && t >= at);
+                let covered = match fence {
+                    Some(k) => {
+                        let (_, time, epoch) = p.fenced[k];
+                        match pages.order_after_fence(stream, s, epoch) {
+                            Ok(()) => time,
+                            Err(e @ VmmError::Capturing(_)) => return Err(e),
+                            Err(_) => {
+                                order(pages, stream, s)?;
+                                p.seq
+                            }
+                        }
+                    }
+                    None => {
+                        let now = p.seq;
+                        if let Some(epoch) = order(pages, stream, s)? {
+                            match p.fenced.iter_mut().find(|(f, _, _)| *f == s) {
+                                Some(f) => *f = (s, now, epoch),
+                                None => p.fenced.push((s, now, epoch)),
+                            }
+                        }
+                        now
+                    }
+                };
+                match entry {
+                    Some(e) => p.ordered[e].2 = p.ordered[e].2.max(covered),
+                    None => p.ordered.push((stream, s, covered)),
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Whether `stream` may take the fast paths (it is the only allocator).
     pub fn sole(&self) -> Option<StreamId> {
         match self.sole.load(Ordering::SeqCst) {
@@ -158,8 +374,15 @@ impl Handoff {
     /// ordering any more. Allocators stay.
     pub fn synchronized(&self) {
         let mut p = self.parties.lock();
-        let Parties { allocators, freers } = &mut *p;
+        let Parties {
+            allocators,
+            freers,
+            seq,
+            synced_seq,
+            ..
+        } = &mut *p;
         freers.retain(|f| allocators.contains(f));
+        *synced_seq = *seq;
     }
 
     fn publish_sole(&self, p: &Parties) {
@@ -171,15 +394,16 @@ impl Handoff {
     }
 }
 
-/// Make `stream` wait for `after`'s queued work: on the device, or, when the device cannot order it
-/// (a failed event call), by a synchronize. A capture fails with [`VmmError::Capturing`].
-fn order(pages: &PagePool, stream: StreamId, after: StreamId) -> Result<(), VmmError> {
+/// Make `stream` wait for `after`'s queued work: on the device (returns the fence's epoch), or, when the
+/// device cannot order it (a failed event call), by a synchronize (`None`). A capture fails with
+/// [`VmmError::Capturing`].
+fn order(pages: &PagePool, stream: StreamId, after: StreamId) -> Result<Option<u64>, VmmError> {
     match pages.order_after(stream, after) {
-        Ok(()) => Ok(()),
+        Ok(epoch) => Ok(Some(epoch)),
         Err(e @ VmmError::Capturing(_)) => Err(e),
         Err(e) => {
             log::warn!("gen-vmm: ordering stream {stream:#x} after {after:#x} on the device: {e}; synchronizing");
-            pages.synchronize()
+            pages.synchronize().map(|()| None)
         }
     }
 }

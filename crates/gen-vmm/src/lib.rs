@@ -94,7 +94,7 @@ mod tally;
 pub mod testing;
 mod tier;
 use freeset::FreeSet;
-pub use handoff::Handoff;
+pub use handoff::{Handoff, Stamp};
 use parking_lot::Mutex;
 pub use sleep::{Slept, Woken};
 pub use tally::PageTally;
@@ -441,6 +441,9 @@ struct StreamFences {
     fences: VecDeque<(u64, EventHandle)>,
     /// Everything of this stream stamped with an epoch `< done` is complete.
     done: u64,
+    /// `(t, e)`: stream `t` was made to wait on a fence of this stream of epoch `e` (the newest such):
+    /// everything of this stream up to `e` is ordered before `t`'s later work, and needs no wait again.
+    waited: Vec<(StreamId, u64)>,
 }
 
 /// How a free page about to serve another address stands with the work that last used it.
@@ -767,9 +770,12 @@ impl PagePool {
     /// Make future work on `stream` wait for everything queued on `after` so far: a fence recorded on
     /// `after` (or the newest one, when nothing was freed since), waited on by `stream` on the device
     /// (`cuStreamWaitEvent`). No host wait. Nothing to do when they are the same stream.
-    pub fn order_after(&self, stream: StreamId, after: StreamId) -> Result<(), VmmError> {
+    ///
+    /// Returns the fence's epoch: [`order_after_fence`](Self::order_after_fence) with it orders another
+    /// stream after the same work with no new fence.
+    pub fn order_after(&self, stream: StreamId, after: StreamId) -> Result<u64, VmmError> {
         if stream == after {
-            return Ok(());
+            return Ok(self.inner.lock().epoch);
         }
         if self.capturing() {
             return Err(VmmError::Capturing(
@@ -778,10 +784,60 @@ impl PagePool {
         }
         let mut g = self.inner.lock();
         let now = g.epoch;
-        let (ev, _) = self.fence_on(&mut g, after, now)?;
-        self.device.stream_wait_event(stream, ev)?;
+        self.wait_fence(&mut g, stream, after, now)
+    }
+
+    /// Make future work on `stream` wait for `after`'s work up to the fence of epoch `epoch` (one that
+    /// [`order_after`](Self::order_after) returned): no device call when `stream` already waited for a
+    /// fence of `after` that recent, or when that work is known complete.
+    pub fn order_after_fence(
+        &self,
+        stream: StreamId,
+        after: StreamId,
+        epoch: u64,
+    ) -> Result<(), VmmError> {
+        if stream == after {
+            return Ok(());
+        }
+        let mut g = self.inner.lock();
+        if Self::idle(&g, Some(after), epoch) {
+            return Ok(());
+        }
+        if self.capturing() {
+            return Err(VmmError::Capturing(
+                "ordering a stream after another's queued work",
+            ));
+        }
+        self.wait_fence(&mut g, stream, after, epoch).map(|_| ())
+    }
+
+    /// Make `target` wait on the device for a fence of `after` covering epoch `epoch` (the newest one
+    /// recorded there if recent enough, else a new one) — unless it already waited for one that covers
+    /// it. Returns the epoch of the fence `target` is ordered after.
+    fn wait_fence(
+        &self,
+        g: &mut Inner,
+        target: StreamId,
+        after: StreamId,
+        epoch: u64,
+    ) -> Result<u64, VmmError> {
+        let i = Self::stream_entry(g, after);
+        if let Some(&(_, w)) = g.stream_fences[i]
+            .waited
+            .iter()
+            .find(|&&(t, w)| t == target && w >= epoch)
+        {
+            return Ok(w);
+        }
+        let (ev, e) = self.fence_on(g, after, epoch)?;
+        self.device.stream_wait_event(target, ev)?;
         g.stats.stream_waits += 1;
-        Ok(())
+        let sf = &mut g.stream_fences[i];
+        match sf.waited.iter_mut().find(|(t, _)| *t == target) {
+            Some(w) => w.1 = w.1.max(e),
+            None => sf.waited.push((target, e)),
+        }
+        Ok(e)
     }
 
     /// Synchronize the device (a host wait) and take everything freed so far as idle. For callers whose
@@ -849,6 +905,7 @@ impl PagePool {
                     stream,
                     fences: VecDeque::new(),
                     done: 0,
+                    waited: Vec::new(),
                 });
                 g.stream_fences.len() - 1
             }
@@ -902,6 +959,9 @@ impl PagePool {
             if e >= epoch {
                 return Ok((ev, e));
             }
+        }
+        if g.stream_fences[i].fences.len() >= MAX_FENCES {
+            self.poll_fences(g);
         }
         if g.stream_fences[i].fences.len() >= MAX_FENCES {
             // Bound the queue: wait for the oldest (the device lags far behind this stream's fences).
@@ -1145,8 +1205,13 @@ impl PagePool {
                 .iter()
                 .find(|sf| sf.stream == s)
                 .and_then(|sf| sf.fences.iter().find(|&&(e, _)| e >= epoch).copied());
+            let covering = match covering {
+                Some((_, ev)) => Some(ev),
+                // No fence of `s` covers it yet: record one (a synchronize if that fails).
+                None => self.fence_on(g, s, epoch).ok().map(|(ev, _)| ev),
+            };
             match covering {
-                Some((_, ev)) => {
+                Some(ev) => {
                     self.device.event_synchronize(ev)?;
                     g.stats.syncs += 1;
                     self.poll_fences(g);
@@ -1219,6 +1284,8 @@ impl PagePool {
     }
 
     /// Commit pages `first..=last` of region `rid`; returns the region's pages in use after it.
+    /// `revivals`: with a `target`, order it after the streams that freed pages revived in place (a tier
+    /// that orders the reuse of its bytes itself passes false).
     fn commit(
         &self,
         rid: u32,
@@ -1226,13 +1293,14 @@ impl PagePool {
         last: u64,
         grow: bool,
         target: Option<StreamId>,
+        revivals: bool,
     ) -> Result<(u64, bool), VmmError> {
         let mut g = self.inner.lock();
         g.commit_ordered = false;
         // Several streams, a region of no stream of its own (the slab's), committed for `target`: a page
         // revived in place whose last block was freed on another stream still warm there is reused
         // only after `target` waits on that stream's fence.
-        if let Some(t) = target.filter(|_| g.fence_stream.is_none()) {
+        if let Some(t) = target.filter(|_| revivals && g.fence_stream.is_none()) {
             if g.regions[rid as usize]
                 .as_ref()
                 .is_some_and(|r| r.stream.is_none())
@@ -1398,9 +1466,7 @@ impl PagePool {
                     "ordering a stream after another's queued work",
                 ));
             }
-            let (ev, _) = self.fence_on(g, s, e)?;
-            self.device.stream_wait_event(target, ev)?;
-            g.stats.stream_waits += 1;
+            self.wait_fence(g, target, s, e)?;
         }
         Ok(())
     }
@@ -1648,13 +1714,26 @@ impl PagePool {
         }
         match (stream, target) {
             (Some(s), Some(t)) => {
-                let (ev, epoch) = self.fence_on(g, s, freed)?;
                 g.commit_ordered = true;
-                if t != s {
-                    self.device.stream_wait_event(t, ev)?;
-                    g.stats.stream_waits += 1;
-                }
+                let epoch = if t == s {
+                    self.fence_on(g, s, freed)?.1
+                } else {
+                    self.wait_fence(g, t, s, freed)?
+                };
                 Ok(Settled::Fenced { stream: s, epoch })
+            }
+            (None, Some(t)) if mask != 0 && Self::mask_streams(g, mask).is_some() => {
+                // A page of a shared region whose bytes several streams freed: `t` waits for each, and
+                // a fence on `t` after those waits covers them all (for the old mapping).
+                g.commit_ordered = true;
+                for s in Self::mask_streams(g, mask).unwrap_or_default() {
+                    if s != t && !Self::idle(g, Some(s), freed) {
+                        self.wait_fence(g, t, s, freed)?;
+                    }
+                }
+                let now = g.epoch;
+                let (_, epoch) = self.fence_on(g, t, now)?;
+                Ok(Settled::Fenced { stream: t, epoch })
             }
             _ => {
                 self.sync_all(g, synced)?;
@@ -2184,7 +2263,26 @@ impl Region {
     pub fn commit_counted(&self, offset: u64, len: u64, grow: bool) -> Result<u64, VmmError> {
         let (first, last) = self.page_range(offset, len)?;
         self.pool
-            .commit(self.id, first, last, grow, None)
+            .commit(self.id, first, last, grow, None, true)
+            .map(|(in_use, _)| in_use)
+    }
+
+    /// [`commit_for`](Self::commit_for) for a tier that alone commits into the region and orders the
+    /// reuse of its own bytes itself (the extent arena several streams share: stamps on its free extents,
+    /// [`Handoff::before_use`]): a page revived in place — same address, same physical page — needs no
+    /// more ordering than the bytes on it, so only pages moved here or taken back through an old mapping
+    /// are ordered after the streams that used them. Returns the number of the region's pages in use
+    /// after it (as [`commit_counted`](Self::commit_counted)).
+    pub fn commit_counted_for(
+        &self,
+        offset: u64,
+        len: u64,
+        grow: bool,
+        stream: StreamId,
+    ) -> Result<u64, VmmError> {
+        let (first, last) = self.page_range(offset, len)?;
+        self.pool
+            .commit(self.id, first, last, grow, Some(stream), false)
             .map(|(in_use, _)| in_use)
     }
 
@@ -2206,7 +2304,7 @@ impl Region {
     ) -> Result<bool, VmmError> {
         let (first, last) = self.page_range(offset, len)?;
         self.pool
-            .commit(self.id, first, last, grow, Some(stream))
+            .commit(self.id, first, last, grow, Some(stream), true)
             .map(|(_, ordered)| ordered)
     }
 

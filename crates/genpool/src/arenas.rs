@@ -1,8 +1,10 @@
 //! The extent tier: the first stream's arena (or one per predicted generation, `extent_generations`) and,
-//! with several streams, the arenas of the streams after the first (`stream_arenas`). Their address
-//! ranges are disjoint; a block is freed to the arena owning it. Each arena has a [`Handoff`] — gen-vmm's
-//! stream rule for blocks — that orders a stream after the frees of others before it can reuse their
-//! blocks.
+//! with several streams, the arena the streams after the first share (`stream_arenas:shared`, the
+//! default) or one arena for each of them (`own`). Their address ranges are disjoint; a block is freed to
+//! the arena owning it. Each arena has a [`Handoff`] — gen-vmm's stream rule for blocks — that orders a
+//! stream after the frees of others before it can reuse their blocks: at the free in an arena of one
+//! stream (a foreign free is rare there), at the allocation in the shared arena (lazily, by the stamps
+//! its free extents carry: streams hand blocks to each other there all the time).
 
 use std::sync::atomic::{AtomicU64, Ordering, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
@@ -12,12 +14,21 @@ use gen_device::StreamId;
 use gen_extent::{ExtentArena, ExtentConfig};
 use gen_vmm::{Handoff, PagePool, TierError, VmmError};
 
+pub(crate) use crate::config::StreamArenas as Layout;
+
 use crate::tier::{Request, TierAlloc};
 
 /// No stream (a free slot, or no stream seen yet).
 pub(crate) const NO_STREAM: u64 = u64::MAX;
 
-/// Streams after the first that get an extent arena of their own (see `Config::stream_arenas`).
+/// How many best-fitting free extents the shared arena compares for the fewest new pages while several
+/// streams allocate from it (`ExtentConfig::placement_candidates`). There best fit's layout follows
+/// the streams' interleaving, not a repeating loop, and comparing four placements moved 3× fewer pages
+/// on the four serving streams (docs/ARCHITECTURE.md, "Streams after the first share one arena"); with
+/// one stream there (a copy or prefetch stream) plain best fit kept its pages in place.
+const SHARED_PLACEMENT: usize = 4;
+
+/// Streams after the first that get an extent arena of their own with `stream_arenas:own`.
 const STREAM_ARENAS: usize = 4;
 
 const STREAM_ARENA_NAMES: [&str; STREAM_ARENAS] = [
@@ -37,17 +48,21 @@ struct Owned {
 pub(crate) struct Home<'a> {
     pub arena: &'a ExtentArena,
     pub handoff: &'a Handoff,
-    /// The arena is shared by several streams with no stream of its own: its freed pages are stamped with
-    /// the freeing stream.
+    /// The arena is shared by several streams with no stream of its own: ordered lazily (its free extents
+    /// carry stamps), its freed pages stamped with the freeing stream.
     pub shared: bool,
 }
 
 impl Home<'_> {
-    /// Free the block at `ptr` (its ordering done: [`Handoff::freed`]).
-    pub fn free(&self, ptr: u64, stream: StreamId) -> Result<u64, TierError> {
+    /// Free the block at `ptr`, freed on `stream`: in an arena of one stream after ordering its allocator
+    /// after `stream` ([`Handoff::freed`]; a capture's error leaves the block out), in the shared arena
+    /// with no device call, the bytes stamped ([`Handoff::freed_lazily`]).
+    pub fn free(&self, pages: &PagePool, ptr: u64, stream: StreamId) -> Result<u64, TierError> {
         if self.shared {
-            self.arena.free_on(ptr, stream)
+            let stamp = self.handoff.freed_lazily(stream);
+            self.arena.free_stamped(ptr, stream, stamp)
         } else {
+            self.handoff.freed(pages, stream).map_err(vmm_err)?;
             self.arena.free(ptr)
         }
     }
@@ -65,8 +80,10 @@ pub(crate) struct Extents {
 struct Rest {
     /// Who allocates from the main arenas (the first stream; every stream without `stream_arenas`).
     main_handoff: Handoff,
-    /// With `stream_arenas`: the arenas of streams after the first.
+    /// Unless `stream_arenas:first`: the arenas of streams after the first.
     streams: Option<StreamArenas>,
+    /// Placement candidates in the shared arena while several streams allocate there.
+    shared_placement: usize,
     pages: Arc<PagePool>,
 }
 
@@ -74,18 +91,19 @@ struct Rest {
 pub(crate) struct ExtentsConfig {
     /// One arena per predicted generation for the first stream.
     pub generations: bool,
-    /// An arena per stream after the first.
-    pub stream_arenas: bool,
+    /// Where streams after the first allocate.
+    pub stream_arenas: Layout,
     /// VA of the first stream's arena(s), and of each other stream's.
     pub main_va: u64,
     pub stream_va: u64,
     pub placement_candidates: usize,
 }
 
-/// The extent arenas of streams after the first. A slot's arena is made at its stream's first large
-/// allocation and kept; only that stream allocates from it, so a block it frees on that stream goes
-/// straight back (stream order), as in the one-stream case. Streams past the slots share `shared`, whose
-/// handoff orders each of them after the others' frees.
+/// The extent arenas of streams after the first. With `own`, a slot's arena is made at its stream's
+/// first large allocation and kept; only that stream allocates from it, so a block it frees on that
+/// stream goes straight back (stream order), as in the one-stream case. Streams past the slots (every
+/// stream after the first with `shared`) share `shared`, ordered lazily: a free leaves a stamp on its
+/// bytes, and the stream that gets them waits for the streams the stamp names.
 struct StreamArenas {
     /// The stream each slot belongs to (`NO_STREAM`: free), published once the slot's arena is set.
     ids: [AtomicU64; STREAM_ARENAS],
@@ -93,28 +111,37 @@ struct StreamArenas {
     shared: OnceLock<Owned>,
     /// Serializes slot claims (once per stream).
     claim: parking_lot::Mutex<()>,
+    /// How many slots are used (`STREAM_ARENAS` with `own`, 0 with `shared`).
+    own: usize,
     pages: Arc<PagePool>,
     va_bytes: u64,
     placement_candidates: usize,
 }
 
 impl StreamArenas {
-    /// The arena `stream` allocates from, made on its first use. Out of line: one stream never calls it.
+    /// The arena `stream` allocates from, made on its first use, and whether it is the shared one. Out
+    /// of line: one stream never calls it.
     #[inline(never)]
-    fn arena(&self, stream: StreamId) -> Result<&Owned, TierError> {
+    fn arena(&self, stream: StreamId) -> Result<(&Owned, bool), TierError> {
+        if let Some(a) = self.shared.get().filter(|_| self.own == 0) {
+            return Ok((a, true));
+        }
         if let Some(a) = self.find(stream) {
-            return Ok(a);
+            return Ok((a, false));
         }
         let _g = self.claim.lock();
         if let Some(a) = self.find(stream) {
-            return Ok(a);
+            return Ok((a, false));
         }
         let cfg = |name| ExtentConfig {
             va_bytes: self.va_bytes,
             placement_candidates: self.placement_candidates,
             name,
         };
-        if let Some(i) = self.ids.iter().position(|id| id.load(Relaxed) == NO_STREAM) {
+        if let Some(i) = self.ids[..self.own]
+            .iter()
+            .position(|id| id.load(Relaxed) == NO_STREAM)
+        {
             let arena = ExtentArena::new(&self.pages, cfg(STREAM_ARENA_NAMES[i]))?;
             // Only `stream` allocates from it: its own frees go straight back (stream order); a block
             // freed on another stream first orders `stream` after it (the handoff).
@@ -127,16 +154,18 @@ impl StreamArenas {
                 unreachable!("a free slot has no arena");
             }
             self.ids[i].store(stream, Ordering::Release);
-            return Ok(self.arenas[i].get().expect("just set"));
+            return Ok((self.arenas[i].get().expect("just set"), false));
         }
         if let Some(a) = self.shared.get() {
-            return Ok(a);
+            return Ok((a, true));
         }
         let arena = ExtentArena::new(&self.pages, cfg("gen-extent/streams"))?;
-        Ok(self.shared.get_or_init(|| Owned {
+        arena.keep_stamps();
+        let owned = self.shared.get_or_init(|| Owned {
             arena,
             handoff: Handoff::new(),
-        }))
+        });
+        Ok((owned, true))
     }
 
     fn find(&self, stream: StreamId) -> Option<&Owned> {
@@ -177,11 +206,17 @@ impl Extents {
                 )
             })
             .collect::<Result<Box<[_]>, _>>()?;
-        let streams = cfg.stream_arenas.then(|| StreamArenas {
+        let own = match cfg.stream_arenas {
+            Layout::First => None,
+            Layout::Shared => Some(0),
+            Layout::Own => Some(STREAM_ARENAS),
+        };
+        let streams = own.map(|own| StreamArenas {
             ids: std::array::from_fn(|_| AtomicU64::new(NO_STREAM)),
             arenas: std::array::from_fn(|_| OnceLock::new()),
             shared: OnceLock::new(),
             claim: parking_lot::Mutex::new(()),
+            own,
             pages: pages.clone(),
             va_bytes: cfg.stream_va,
             placement_candidates: cfg.placement_candidates,
@@ -191,6 +226,7 @@ impl Extents {
             rest: Box::new(Rest {
                 main_handoff: Handoff::new(),
                 streams,
+                shared_placement: cfg.placement_candidates.max(SHARED_PLACEMENT),
                 pages: pages.clone(),
             }),
         })
@@ -226,28 +262,56 @@ impl Extents {
         )
     }
 
-    /// The arena a block of `req` comes from: with several streams and stream arenas, the stream's own
-    /// (made on first use) unless it is the first stream. A stream other than the first enters the
-    /// arena's handoff (ordered after the others' frees its first time); the first stream is one of the
-    /// main arenas' allocators from the start, so it has nothing to enter.
-    #[inline]
-    fn arena(&self, req: &Request) -> Result<&ExtentArena, TierError> {
-        // One stream (the common case): decided from the request alone, nothing else read.
-        if req.stream == req.first_stream {
-            return Ok(self.for_class(req.class));
-        }
-        self.other_arena(req)
-    }
-
+    /// A block for a stream other than the first: from the arena the stream allocates from (made on
+    /// first use; the first stream's with `stream_arenas:first`). The stream enters the arena's handoff
+    /// (ordered after the others' frees its first time); in the shared arena it then waits for the
+    /// streams named on the bytes it gets. The first stream is one of the main arenas' allocators from
+    /// the start, so it has nothing to enter.
     #[inline(never)]
-    fn other_arena(&self, req: &Request) -> Result<&ExtentArena, TierError> {
+    fn alloc_other(&self, req: &Request) -> Result<u64, TierError> {
         let rest = &*self.rest;
-        let (arena, handoff) = match &rest.streams {
-            Some(sa) => sa.arena(req.stream).map(|o| (&o.arena, &o.handoff))?,
-            None => (self.for_class(req.class), &rest.main_handoff),
+        let (arena, handoff, shared) = match &rest.streams {
+            Some(sa) => sa
+                .arena(req.stream)
+                .map(|(o, shared)| (&o.arena, &o.handoff, shared))?,
+            None => (self.for_class(req.class), &rest.main_handoff, false),
         };
-        handoff.enter(&rest.pages, req.stream).map_err(vmm_err)?;
-        Ok(arena)
+        if !shared {
+            handoff.enter(&rest.pages, req.stream).map_err(vmm_err)?;
+            return arena.alloc(req.size, req.grow);
+        }
+        handoff.join_lazily(req.stream);
+        // Several streams allocating here: compare a few best fits for the fewest new pages.
+        let candidates = if handoff.sole().is_some() {
+            1
+        } else {
+            rest.shared_placement
+        };
+        let order = |stamp| {
+            handoff
+                .before_use(&rest.pages, req.stream, stamp)
+                .map_err(vmm_err)
+        };
+        match arena.alloc_ordered(req.size, req.grow, req.stream, candidates, None, order) {
+            // A capture cannot take the ordering those bytes need: bytes that need none, if any.
+            Err(TierError::Vmm(VmmError::Capturing(what))) => {
+                let free_of_orders = |stamp| !handoff.pending(req.stream, stamp);
+                arena
+                    .alloc_ordered(
+                        req.size,
+                        req.grow,
+                        req.stream,
+                        candidates,
+                        Some(&free_of_orders),
+                        order,
+                    )
+                    .map_err(|e| match e {
+                        TierError::Exhausted { .. } => TierError::Vmm(VmmError::Capturing(what)),
+                        e => e,
+                    })
+            }
+            r => r,
+        }
     }
 
     /// Free a block while one stream has been seen (its only allocator freeing it: stream order
@@ -316,20 +380,20 @@ impl Extents {
 impl TierAlloc for Extents {
     #[inline]
     fn alloc(&self, req: &Request) -> Result<u64, TierError> {
-        self.arena(req)?.alloc(req.size, req.grow)
+        // One stream (the common case): decided from the request alone, nothing else read.
+        if req.stream == req.first_stream {
+            return self.for_class(req.class).alloc(req.size, req.grow);
+        }
+        self.alloc_other(req)
     }
 
-    /// Free to the arena whose address range holds `ptr`, after ordering its other allocators after
-    /// `stream` (see [`Handoff::freed`]).
+    /// Free to the arena whose address range holds `ptr`, ordered as [`Home::free`] says.
     fn free(&self, ptr: u64, stream: StreamId) -> Result<(), TierError> {
         let home = self.home(ptr).ok_or(TierError::InvalidFree {
             ptr,
             reason: "not in any extent arena",
         })?;
-        home.handoff
-            .freed(&self.rest.pages, stream)
-            .map_err(vmm_err)?;
-        home.free(ptr, stream).map(|_| ())
+        home.free(&self.rest.pages, ptr, stream).map(|_| ())
     }
 
     /// Per-arena peaks occur at different moments: their sum bounds the tier's peak.

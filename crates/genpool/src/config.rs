@@ -5,6 +5,23 @@ use std::str::FromStr;
 use gen_classifier::ClassifierConfig;
 use gen_plan::PlanConfig;
 
+/// Where the streams after the first allocate large blocks (`experimental.stream_arenas`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum StreamArenas {
+    /// The streams after the first share one extent arena. A free there makes no device call: it
+    /// stamps the bytes with its stream (`gen_vmm::Stamp`), and the stream that allocates them next
+    /// waits on the device for the streams named — once per pair of streams per hand-over, never for its
+    /// own frees. Pages stay where the blocks are, rather than moving between arenas.
+    Shared,
+    /// An extent arena for each stream after the first (up to four; later streams share one): a block
+    /// freed on the stream that allocates from its arena goes straight back (stream order), and pages
+    /// move between the arenas through the page pool as the streams' needs shift.
+    Own,
+    /// Every stream allocates from the first stream's arena(s), each ordered on the device after the
+    /// others' frees at every free (`gen_vmm::Handoff::freed`).
+    First,
+}
+
 /// Where mid-lived allocations go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub enum MidTier {
@@ -134,7 +151,7 @@ pub const KEYS: &[Key] = &[
     key("experimental.page_keep_old_mappings", "true/false", "true", "Leave a moved page's old mapping in place so the move can be undone with no driver call."),
     key("experimental.placement_candidates", "count, 0 to 64", "1", "Extent arena: how many best-fitting free extents to compare for the fewest new pages (0 or 1 = plain best fit)."),
     key("experimental.extent_generations", "true/false", "false", "One extent arena per predicted generation for the first stream (`true` selects `experimental.routing:generational` unless the routing is given)."),
-    key("experimental.stream_arenas", "true/false", "true", "Several streams: an extent arena for each stream after the first (up to four); false: every stream allocates from the first stream's arena, ordered after the others' frees."),
+    key("experimental.stream_arenas", "shared, own or first", "shared", "Several streams: the streams after the first share one extent arena, each waiting (on the device) only for the streams that freed the bytes it gets; own: an arena for each (up to four, later ones shared), pages moving between them; first: every stream in the first stream's arena, ordered after the others' frees."),
     key("experimental.plan_pin", "true/false", "true", "Plans map each page of their range once and keep it while served; false: planned blocks commit their own pages."),
     key("experimental.plan_max_period", "large allocations, 16 to 1048576", "8192", "Longest period the planner looks for."),
     key("experimental.plan_min_moves", "fraction of the plan's footprint", "0.005", "Serve a ready plan only after two periods each moved this much in pages; 0 = as soon as ready."),
@@ -213,13 +230,9 @@ pub struct Config {
     /// Give each predicted generation (short / mid / long) its own extent arena — its own range of
     /// address space over the shared page pool — instead of one arena for all.
     pub extent_generations: bool,
-    /// Several streams: give each stream after the first an extent arena of its own (up to four; later
-    /// streams share one), so that a block freed on the stream that allocates from its arena goes straight
-    /// back to it — stream order makes that safe, as with one stream. Pages still flow between the arenas
-    /// through the page pool. With `extent_generations` the first stream keeps its three generation
-    /// arenas. Off: the first stream's arena(s) for every stream, each stream ordered on the device after
-    /// the frees of the others before it reuses their blocks (`gen_vmm::Handoff`).
-    pub stream_arenas: bool,
+    /// Where streams after the first allocate large blocks (see [`StreamArenas`]). The first stream keeps
+    /// its own arena (or, with `extent_generations`, its three generation arenas) whatever this says.
+    pub stream_arenas: StreamArenas,
     /// From this many threads allocating large blocks on, each keeps its last few freed large blocks for
     /// itself (`tcache.rs`); 0 = never.
     pub thread_caches: u32,
@@ -267,7 +280,7 @@ impl Default for Config {
             move_budget: 0.005,
             placement_candidates: 1,
             extent_generations: false,
-            stream_arenas: true,
+            stream_arenas: StreamArenas::Shared,
             thread_caches: 3,
             plan: true,
             plan_max_period: PlanConfig::default().max_period,
@@ -446,7 +459,15 @@ impl Config {
             }
             "plan_min_moves" => self.plan_min_moves = parse_fraction(value).map_err(bad)?,
             "extent_generations" => self.extent_generations = parse_bool(value).map_err(bad)?,
-            "stream_arenas" => self.stream_arenas = parse_bool(value).map_err(bad)?,
+            "stream_arenas" => {
+                self.stream_arenas = match value {
+                    "shared" => StreamArenas::Shared,
+                    // `true` and `false` were this key's values until session 12.
+                    "own" | "true" => StreamArenas::Own,
+                    "first" | "false" => StreamArenas::First,
+                    _ => return Err(bad("expected 'shared', 'own' or 'first'".into())),
+                }
+            }
             "thread_caches" => {
                 self.thread_caches = value
                     .parse()

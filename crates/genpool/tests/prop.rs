@@ -786,6 +786,23 @@ fn prop_shared_handoffs() {
     );
 }
 
+/// An extent arena per stream after the first (`stream_arenas:own`, the default until session 12): a
+/// block goes back to its own arena at once, a foreign free orders the arena's stream at the free, and
+/// pages move between the arenas.
+#[test]
+fn prop_own_arenas() {
+    run(
+        "prop_own_arenas",
+        Setup {
+            conf: "experimental.stream_arenas:own",
+            capacity: 384 * MIB,
+            backed: false,
+            huge: true,
+            faults: true,
+        },
+    );
+}
+
 /// Host-backed memory: every block filled with its own pattern, checked on free.
 #[test]
 fn prop_backed_patterns() {
