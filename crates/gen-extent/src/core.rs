@@ -643,6 +643,48 @@ mod tests {
 
     const U: u64 = MIN_BLOCK;
 
+    /// Stamps stay on the free extents: carried by what is left of a split extent, merged when extents
+    /// coalesce, returned with the block cut from them; bytes past the highest block ever allocated
+    /// carry none whatever the extent there says.
+    #[test]
+    fn stamps_follow_the_free_extents() {
+        let (s1, s2) = (
+            Stamp::from_bits((1 << 48) | 5),
+            Stamp::from_bits((2 << 48) | 9),
+        );
+        let mut c = ExtentCore::new(64 * U);
+        c.keep_stamps();
+        let a = c.alloc(4 * U).unwrap();
+        let b = c.alloc(4 * U).unwrap();
+        let _keep = c.alloc(U).unwrap();
+        assert_eq!(c.free_stamped(a, s1), Some(4 * U));
+        assert_eq!(c.alloc_stamped(2 * U), Some((0, s1)), "cut from a's extent");
+        assert_eq!(c.free_stamp(2 * U, 2 * U), s1, "the rest keeps the stamp");
+        c.free_stamped(b, s2);
+        let both = s1.merge(s2);
+        assert_eq!(both.bits(), (3 << 48) | 9, "both freers, the later time");
+        assert_eq!(c.free_stamp(2 * U, 6 * U), both, "coalesced");
+        assert_eq!(c.alloc_at_stamped(4 * U, U), Some((4 * U, both)));
+        assert_eq!(c.free_stamp(2 * U, 2 * U), both, "left piece");
+        assert_eq!(c.free_stamp(5 * U, 3 * U), both, "right piece");
+        c.check().unwrap();
+        // A plain free joins a stamped neighbour: the neighbour's stamp stays.
+        c.free(4 * U).unwrap();
+        assert_eq!(c.free_stamp(2 * U, 6 * U), both);
+        // Everything freed: one extent, stamped; but past the highest block nothing was ever used.
+        c.free(0).unwrap();
+        c.free_stamped(9 * U - U, s2).unwrap();
+        assert_eq!(c.free_ranges(), vec![(0, 64 * U)]);
+        assert_eq!(c.free_stamp(0, U), both);
+        assert_eq!(c.alloc_unused(2 * U), Some((9 * U, Stamp::NONE)));
+        c.check().unwrap();
+        // Without stamps kept, everything reads NONE.
+        let mut plain = ExtentCore::new(8 * U);
+        let p = plain.alloc(U).unwrap();
+        plain.free_stamped(p, s1).unwrap();
+        assert_eq!(plain.alloc_stamped(U), Some((0, Stamp::NONE)));
+    }
+
     /// A tiny deterministic PRNG (xorshift64*), so the stress test needs no dependency and runs under Miri.
     struct Rng(u64);
     impl Rng {

@@ -56,8 +56,9 @@ struct Parties {
     allocators: Vec<StreamId>,
     freers: Vec<StreamId>,
     /// Lazy ordering: the streams that freed with a stamp, by stamp bit (never shrinks: a stamp names
-    /// its freers by their place here). Streams past [`SLOTS`] share the last bit.
-    slots: Vec<StreamId>,
+    /// its freers by their place here), each with the time of its latest stamped free. Streams past
+    /// [`SLOTS`] share the last bit.
+    slots: Vec<(StreamId, u64)>,
     /// Frees stamped so far (a stamp's time).
     seq: u64,
     /// Stamps up to this time need no ordering (the device was synchronized after them).
@@ -242,49 +243,28 @@ impl Handoff {
         if !p.freers.contains(&stream) {
             p.freers.push(stream);
         }
-        let slot = match p.slots.iter().position(|&s| s == stream) {
-            Some(i) => i,
+        p.seq += 1;
+        debug_assert!(p.seq <= SEQ_MASK);
+        let now = p.seq;
+        let slot = match p.slots.iter().position(|&(s, _)| s == stream) {
+            Some(i) => {
+                p.slots[i].1 = now;
+                i
+            }
             None => {
-                p.slots.push(stream);
+                p.slots.push((stream, now));
                 p.slots.len() - 1
             }
         };
-        p.seq += 1;
-        debug_assert!(p.seq <= SEQ_MASK);
-        Stamp((1u64 << (SEQ_BITS + slot.min(SLOTS) as u32)) | (p.seq & SEQ_MASK))
+        Stamp((1u64 << (SEQ_BITS + slot.min(SLOTS) as u32)) | (now & SEQ_MASK))
     }
 
     /// Whether [`before_use`](Self::before_use) of `stamp` by `stream` would need a device call (an
     /// ordering it does not have yet): what a capture, which cannot take one, must avoid.
     pub fn pending(&self, stream: StreamId, stamp: Stamp) -> bool {
-        if stamp.is_none() {
-            return false;
-        }
         let p = self.parties.lock();
-        let at = stamp.seq();
-        if at <= p.synced_seq {
-            return false;
-        }
-        let mut bits = stamp.freers();
-        while bits != 0 {
-            let bit = bits.trailing_zeros() as usize;
-            bits &= bits - 1;
-            let named = if bit < SLOTS {
-                bit..bit + 1
-            } else {
-                SLOTS..p.slots.len()
-            };
-            for &s in p.slots.get(named).unwrap_or(&[]) {
-                let ordered = p
-                    .ordered
-                    .iter()
-                    .any(|&(t, f, time)| t == stream && f == s && time >= at);
-                if s != stream && !ordered {
-                    return true;
-                }
-            }
-        }
-        false
+        let pending = owed(&p, stream, stamp).next().is_some();
+        pending
     }
 
     /// `stream` is about to use bytes of the range that carry `stamp`: it waits (on the device) for
@@ -303,60 +283,40 @@ impl Handoff {
             return Ok(());
         }
         let mut p = self.parties.lock();
-        let at = stamp.seq();
-        if at <= p.synced_seq {
-            return Ok(());
-        }
-        let mut bits = stamp.freers();
-        while bits != 0 {
-            let bit = bits.trailing_zeros() as usize;
-            bits &= bits - 1;
-            let named = if bit < SLOTS {
-                bit..bit + 1
-            } else {
-                SLOTS..p.slots.len()
+        let owed: Vec<(StreamId, u64)> = owed(&p, stream, stamp).collect();
+        for (s, need) in owed {
+            let entry = p
+                .ordered
+                .iter()
+                .position(|&(t, f, _)| t == stream && f == s);
+            // A fence of `s` recorded after the stamped free serves; else a new one.
+            let fence = p.fenced.iter().position(|&(f, t, _)| f == s && t >= need);
+            let covered = match fence {
+                Some(k) => {
+                    let (_, time, epoch) = p.fenced[k];
+                    match pages.order_after_fence(stream, s, epoch) {
+                        Ok(()) => time,
+                        Err(e @ VmmError::Capturing(_)) => return Err(e),
+                        Err(_) => {
+                            order(pages, stream, s)?;
+                            p.seq
+                        }
+                    }
+                }
+                None => {
+                    let now = p.seq;
+                    if let Some(epoch) = order(pages, stream, s)? {
+                        match p.fenced.iter_mut().find(|(f, _, _)| *f == s) {
+                            Some(f) => *f = (s, now, epoch),
+                            None => p.fenced.push((s, now, epoch)),
+                        }
+                    }
+                    now
+                }
             };
-            for i in named {
-                let Some(&s) = p.slots.get(i) else { continue };
-                if s == stream {
-                    continue;
-                }
-                let entry = p
-                    .ordered
-                    .iter()
-                    .position(|&(t, f, _)| t == stream && f == s);
-                if entry.is_some_and(|e| p.ordered[e].2 >= at) {
-                    continue;
-                }
-                // A fence of `s` recorded after the stamped free serves; else a new one.
-                let fence = p.fenced.iter().position(|&(f, t, _)| f == s && t >= at);
-                let covered = match fence {
-                    Some(k) => {
-                        let (_, time, epoch) = p.fenced[k];
-                        match pages.order_after_fence(stream, s, epoch) {
-                            Ok(()) => time,
-                            Err(e @ VmmError::Capturing(_)) => return Err(e),
-                            Err(_) => {
-                                order(pages, stream, s)?;
-                                p.seq
-                            }
-                        }
-                    }
-                    None => {
-                        let now = p.seq;
-                        if let Some(epoch) = order(pages, stream, s)? {
-                            match p.fenced.iter_mut().find(|(f, _, _)| *f == s) {
-                                Some(f) => *f = (s, now, epoch),
-                                None => p.fenced.push((s, now, epoch)),
-                            }
-                        }
-                        now
-                    }
-                };
-                match entry {
-                    Some(e) => p.ordered[e].2 = p.ordered[e].2.max(covered),
-                    None => p.ordered.push((stream, s, covered)),
-                }
+            match entry {
+                Some(e) => p.ordered[e].2 = p.ordered[e].2.max(covered),
+                None => p.ordered.push((stream, s, covered)),
             }
         }
         Ok(())
@@ -392,6 +352,34 @@ impl Handoff {
         };
         self.sole.store(sole, Ordering::SeqCst);
     }
+}
+
+/// The streams `stamp` names that `stream` has yet to wait for, each with the time its ordering must
+/// cover: the stamp's time, or the stream's last stamped free when that is earlier (a merged stamp keeps
+/// only the latest time of all its freers).
+fn owed<'a>(
+    p: &'a Parties,
+    stream: StreamId,
+    stamp: Stamp,
+) -> impl Iterator<Item = (StreamId, u64)> + 'a {
+    let at = stamp.seq();
+    let bits = if at <= p.synced_seq {
+        0
+    } else {
+        stamp.freers()
+    };
+    p.slots
+        .iter()
+        .enumerate()
+        .filter(move |&(i, _)| bits & (1 << i.min(SLOTS)) != 0)
+        .map(move |(_, &(s, last))| (s, at.min(last)))
+        .filter(move |&(s, need)| {
+            s != stream
+                && !p
+                    .ordered
+                    .iter()
+                    .any(|&(t, f, time)| t == stream && f == s && time >= need)
+        })
 }
 
 /// Make `stream` wait for `after`'s queued work: on the device (returns the fence's epoch), or, when the

@@ -108,3 +108,118 @@ fn during_a_capture_an_ordering_is_a_typed_error_and_changes_nothing() {
         .expect("the capture stayed valid: no forbidden call");
     h.freed(&pages, t).unwrap();
 }
+
+/// Lazy ordering (the arena the streams after the first share): a free makes no device call and only
+/// stamps the bytes; the stream that gets them waits for the streams the stamp names, once per
+/// hand-over, and never for its own frees.
+#[test]
+fn lazy_frees_stamp_and_the_next_user_waits_only_for_the_streams_named() {
+    let (dev, pages) = setup();
+    let (s, t, u) = (
+        dev.stream_create().unwrap(),
+        dev.stream_create().unwrap(),
+        dev.stream_create().unwrap(),
+    );
+    let h = Handoff::new();
+    for st in [s, t, u] {
+        h.join_lazily(st);
+    }
+    assert_eq!(h.sole(), None, "three allocators");
+    busy(&dev, s);
+    busy(&dev, t);
+    let before = dev.call_counts();
+    let by_s = h.freed_lazily(s);
+    let by_t = h.freed_lazily(t);
+    assert_eq!(dev.call_counts(), before, "a free makes no device call");
+    assert!(!by_s.is_none() && !by_t.is_none());
+    // s's own bytes: nothing to wait for.
+    h.before_use(&pages, s, by_s).unwrap();
+    assert_eq!(dev.call_counts(), before);
+    // u gets s's bytes: it waits for s (one fence on s, one wait), not for t.
+    assert!(h.pending(u, by_s));
+    h.before_use(&pages, u, by_s).unwrap();
+    assert!(dev.waits_on(u, s), "u is ordered after s's queued work");
+    assert!(
+        !dev.waits_on(u, t),
+        "not after t's: the bytes never were t's"
+    );
+    let once = dev.call_counts();
+    assert_eq!(
+        (
+            once.event_records - before.event_records,
+            once.stream_waits - before.stream_waits,
+            once.waits
+        ),
+        (1, 1, before.waits),
+        "one fence, one wait, no host wait"
+    );
+    // Again, or bytes s freed before that wait: nothing more.
+    assert!(!h.pending(u, by_s));
+    h.before_use(&pages, u, by_s).unwrap();
+    assert_eq!(dev.call_counts(), once);
+    // Bytes both freed (an extent that coalesced the two): u still owes t a wait, and only that.
+    let both = by_s.merge(by_t);
+    h.before_use(&pages, u, both).unwrap();
+    assert!(dev.waits_on(u, t));
+    let after_t = dev.call_counts();
+    assert_eq!(after_t.stream_waits - once.stream_waits, 1);
+    // t needs s's work up to the same free: it waits on the fence u's ordering recorded, no new one.
+    h.before_use(&pages, t, by_s).unwrap();
+    assert!(dev.waits_on(t, s));
+    let last = dev.call_counts();
+    assert_eq!(
+        last.event_records, after_t.event_records,
+        "the fence is shared"
+    );
+    assert_eq!(last.stream_waits, after_t.stream_waits + 1);
+    // A later free by s is a new hand-over.
+    let again = h.freed_lazily(s);
+    assert!(h.pending(u, again));
+    dev.resume_stream(s).unwrap();
+    dev.resume_stream(t).unwrap();
+}
+
+/// A stamp names streams by their place in the handoff: more freers than it has bits for share the
+/// last, and a user of their bytes waits for every one of them.
+#[test]
+fn lazy_stamps_past_their_bits_name_every_later_freer() {
+    let (dev, pages) = setup();
+    let streams: Vec<u64> = (0..20).map(|_| dev.stream_create().unwrap()).collect();
+    for &s in &streams {
+        busy(&dev, s);
+    }
+    let h = Handoff::new();
+    let stamps: Vec<_> = streams.iter().map(|&s| h.freed_lazily(s)).collect();
+    let user = dev.stream_create().unwrap();
+    // The last freer's bytes: ordered after it and after every other freer past the bits.
+    h.before_use(&pages, user, stamps[19]).unwrap();
+    for (i, &s) in streams.iter().enumerate() {
+        assert_eq!(dev.waits_on(user, s), i >= 15, "stream {i}");
+    }
+    for &s in &streams {
+        dev.resume_stream(s).unwrap();
+    }
+}
+
+/// During a capture a needed ordering is a typed error (the capture stays valid); bytes that need none
+/// are still usable.
+#[test]
+fn lazy_ordering_during_a_capture_is_a_typed_error() {
+    let (dev, pages) = setup();
+    let (s, t) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
+    let h = Handoff::new();
+    let by_s = h.freed_lazily(s);
+    let by_t = h.freed_lazily(t);
+    dev.begin_capture(t).unwrap();
+    dev.captures().begin();
+    assert!(matches!(
+        h.before_use(&pages, t, by_s),
+        Err(VmmError::Capturing(_))
+    ));
+    h.before_use(&pages, t, by_t).unwrap();
+    assert!(dev.captures().end());
+    dev.end_capture()
+        .expect("the capture stayed valid: no forbidden call");
+    h.before_use(&pages, t, by_s).unwrap();
+    assert!(!h.pending(t, by_s));
+}

@@ -958,6 +958,59 @@ fn stream_arenas_case(conf: &str) {
     assert_eq!(pool.reserved_now(), 0);
 }
 
+/// The streams after the first share one extent arena (the default since session 12): a block freed on
+/// one of them goes back with no device call, and another stream gets its bytes at once — after it waits,
+/// on the device, for the freeing stream's work, never before; a stream taking back bytes it freed
+/// itself, or that it already waited for, makes no device call. No host wait anywhere.
+#[test]
+fn later_streams_share_one_arena_and_wait_only_for_the_freer() {
+    let dev = Arc::new(SimDevice::config().capacity(GIB).build().unwrap());
+    let pool = Pool::new(dev.clone() as Arc<dyn Device>, Config::default()).unwrap();
+    let (a, b, c) = (
+        dev.stream_create().unwrap(),
+        dev.stream_create().unwrap(),
+        dev.stream_create().unwrap(),
+    );
+    see_streams(&pool, &[a, b, c]);
+    let first = pool.alloc(8 * MIB, a, Hint::NONE).unwrap();
+    let x = pool.alloc(8 * MIB, b, Hint::NONE).unwrap();
+    let ev = busy(&dev, b);
+    let before = dev.call_counts();
+    pool.free(x.ptr, b).unwrap();
+    let freed = dev.call_counts();
+    assert_eq!(
+        (freed.event_records, freed.stream_waits, freed.waits),
+        (before.event_records, before.stream_waits, before.waits),
+        "a free makes no device call"
+    );
+    assert!(!dev.waits_on(c, b));
+    let y = pool.alloc(8 * MIB, c, Hint::NONE).unwrap();
+    assert_eq!(y.ptr, x.ptr, "c gets b's bytes at once: one arena");
+    assert!(dev.waits_on(c, b), "after waiting for b's queued work");
+    assert_eq!(dev.call_counts().waits, before.waits, "on the device only");
+    assert!(
+        !(first.ptr < y.ptr + y.size && y.ptr < first.ptr + first.size),
+        "the first stream keeps its own arena"
+    );
+    idle(&dev, b, ev);
+    pool.free(y.ptr, c).unwrap();
+    let again = dev.call_counts();
+    let z = pool.alloc(8 * MIB, c, Hint::NONE).unwrap();
+    assert_eq!(z.ptr, y.ptr, "c takes its own bytes back");
+    let after = dev.call_counts();
+    assert_eq!(
+        (after.event_records, after.stream_waits, after.waits),
+        (again.event_records, again.stream_waits, again.waits),
+        "its own bytes, and b's it already waited for: no device call"
+    );
+    pool.free(z.ptr, c).unwrap();
+    pool.free(first.ptr, a).unwrap();
+    dev.synchronize().unwrap();
+    assert_eq!(pool.allocated(), 0);
+    pool.trim();
+    assert_eq!(pool.reserved_now(), 0);
+}
+
 /// Pause `s` with work queued on it (an event recorded there): what is freed on `s` now is still in use.
 fn busy(dev: &SimDevice, s: StreamId) -> gen_device::EventHandle {
     let ev = dev.event_create().unwrap();
