@@ -469,13 +469,68 @@ fn cross_stream_broken_reuse_is_caught() {
     pool.trim();
 }
 
+/// The streams after the first share one extent arena (the default since session 12), ordered lazily: X
+/// is allocated on B (a later stream), B queues slow work and then `PAT_B` over X, and X is freed on B —
+/// no device call, its bytes stamped with B. A (another later stream) then allocates the same size, gets
+/// X's bytes (one arena, best fit) and writes `PAT_A`. After a synchronize every byte must read `PAT_A`:
+/// the engine must have made A wait on the device for B's work when A took the bytes.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_later_stream_taking_anothers_freed_bytes_waits_for_its_work() {
+    let Some(dev) = device() else { return };
+    let t = TwoStreams::new(dev.clone());
+    let first = dev.stream_create().unwrap();
+    let pool = Pool::new(dev.clone(), Config::default()).unwrap();
+    // The pool's first stream is `first`: A and B come after it.
+    let w = pool.alloc(512, first, hint(Lifetime::Short)).unwrap();
+    pool.free(w.ptr, first).unwrap();
+    t.introduce(&pool);
+    let x = pool.alloc(8 * MIB, t.b, hint(Lifetime::Short)).unwrap();
+    for i in 0..SLOW_REPS {
+        t.dev.memset_async(t.big, i as u8, SLOW_BYTES, t.b).unwrap();
+    }
+    t.dev.memset_async(x.ptr, PAT_B, x.size, t.b).unwrap();
+    t.dev.event_record(t.slow_done, t.b).unwrap();
+    let waits = t.dev.call_counts();
+    pool.free(x.ptr, t.b).unwrap();
+    let freed = t.dev.call_counts();
+    assert_eq!(
+        (freed.event_records, freed.stream_waits),
+        (waits.event_records, waits.stream_waits),
+        "the free makes no device call"
+    );
+    let y = pool.alloc(8 * MIB, t.a, hint(Lifetime::Short)).unwrap();
+    assert_eq!(
+        y.ptr, x.ptr,
+        "A gets B's bytes: one arena for the later streams"
+    );
+    let b_running = !t.dev.event_query(t.slow_done).unwrap();
+    if !b_running {
+        assert!(
+            under_sanitizer(),
+            "B finished before A allocated: this run cannot tell a safe engine from an unsafe one"
+        );
+    }
+    t.dev.memset_async(y.ptr, PAT_A, y.size, t.a).unwrap();
+    let (n_a, n_b) = t.settle_and_count(y.ptr, y.size);
+    assert_eq!(
+        (n_a, n_b),
+        (y.size as usize, 0),
+        "A's block holds {n_b} bytes of B's late pattern: A was not ordered after B"
+    );
+    pool.free(y.ptr, t.a).unwrap();
+    t.dev.synchronize().unwrap();
+    pool.trim();
+    assert_eq!(pool.reserved_now(), 0, "memory left after trim");
+}
+
 /// A block handed to another stream and freed there (PyTorch's `record_stream`, a hand-off): X is
 /// allocated on A, B queues slow work and then `PAT_B` over X, and X is freed on B through the engine
 /// while that runs. A then allocates the same size (its own arena: X itself, by best
 /// fit) and writes `PAT_A` on A. After a synchronize every byte must read `PAT_A`: the engine must have
 /// made A wait for B's work (gen-vmm's `Handoff`: a fence on B, a device-side wait by A) — B's late
 /// `PAT_B` would otherwise land over A's bytes. For the first stream's arena, one arena every stream
-/// shares (`stream_arenas:false`) and the buddy.
+/// shares (`stream_arenas:first`) and the buddy.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn foreign_free_orders_the_arena_stream_after_the_last_user() {
@@ -484,7 +539,7 @@ fn foreign_free_orders_the_arena_stream_after_the_last_user() {
     let cases = [
         ("", 8 * MIB, Lifetime::Short, Tier::Extent),
         (
-            "experimental.stream_arenas:false",
+            "experimental.stream_arenas:first",
             8 * MIB,
             Lifetime::Short,
             Tier::Extent,
