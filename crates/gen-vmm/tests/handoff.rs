@@ -14,6 +14,14 @@ fn setup() -> (Arc<SimDevice>, Arc<PagePool>) {
     (dev, pages)
 }
 
+fn three_streams(dev: &SimDevice) -> (u64, u64, u64) {
+    (
+        dev.stream_create().unwrap(),
+        dev.stream_create().unwrap(),
+        dev.stream_create().unwrap(),
+    )
+}
+
 /// `t`'s work so far is still running (paused, with an event recorded so it has pending work).
 fn busy(dev: &SimDevice, t: u64) {
     dev.pause_stream(t).unwrap();
@@ -58,11 +66,7 @@ fn a_foreign_free_orders_the_allocator_after_the_freeing_stream() {
 #[test]
 fn a_new_allocator_waits_once_for_earlier_frees_and_then_each_free_orders_the_others() {
     let (dev, pages) = setup();
-    let (s, t, u) = (
-        dev.stream_create().unwrap(),
-        dev.stream_create().unwrap(),
-        dev.stream_create().unwrap(),
-    );
+    let (s, t, u) = three_streams(&dev);
     let h = Handoff::new();
     h.enter(&pages, s).unwrap();
     assert_eq!(h.sole(), Some(s));
@@ -115,11 +119,7 @@ fn during_a_capture_an_ordering_is_a_typed_error_and_changes_nothing() {
 #[test]
 fn lazy_frees_stamp_and_the_next_user_waits_only_for_the_streams_named() {
     let (dev, pages) = setup();
-    let (s, t, u) = (
-        dev.stream_create().unwrap(),
-        dev.stream_create().unwrap(),
-        dev.stream_create().unwrap(),
-    );
+    let (s, t, u) = three_streams(&dev);
     let h = Handoff::new();
     for st in [s, t, u] {
         h.join_lazily(st);

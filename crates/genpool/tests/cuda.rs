@@ -303,6 +303,35 @@ impl TwoStreams {
         self.dev.event_record(self.slow_done, self.a).unwrap();
     }
 
+    /// Queue the slow work on B, then `PAT_B` over `x` on B, and record `slow_done` after them: B is the
+    /// block's last user when it is freed next.
+    fn queue_slow_then_pattern_on_b(&self, x: Block) {
+        for i in 0..SLOW_REPS {
+            self.dev
+                .memset_async(self.big, i as u8, SLOW_BYTES, self.b)
+                .unwrap();
+        }
+        self.dev.memset_async(x.ptr, PAT_B, x.size, self.b).unwrap();
+        self.dev.event_record(self.slow_done, self.b).unwrap();
+    }
+
+    /// A, having just been given `y`, writes `PAT_A` over it while B's slow work should still run; after
+    /// a synchronize, the bytes of `y` holding `PAT_A` and `PAT_B`, and whether B was still running when
+    /// A wrote. B done already proves nothing, which fails the test (`case` names it) unless under
+    /// compute-sanitizer (it serializes the streams).
+    fn a_writes_while_b_runs(&self, y: Block, case: &str) -> (usize, usize, bool) {
+        let b_running = !self.dev.event_query(self.slow_done).unwrap();
+        if !b_running {
+            assert!(
+                under_sanitizer(),
+                "{case}: B finished before A allocated: this run cannot tell a safe engine from an unsafe one"
+            );
+        }
+        self.dev.memset_async(y.ptr, PAT_A, y.size, self.a).unwrap();
+        let (n_a, n_b) = self.settle_and_count(y.ptr, y.size);
+        (n_a, n_b, b_running)
+    }
+
     /// Whether A's queued work (slow work and pattern) has completed.
     fn a_done(&self) -> bool {
         self.dev.event_query(self.slow_done).unwrap()
@@ -486,11 +515,7 @@ fn a_later_stream_taking_anothers_freed_bytes_waits_for_its_work() {
     pool.free(w.ptr, first).unwrap();
     t.introduce(&pool);
     let x = pool.alloc(8 * MIB, t.b, hint(Lifetime::Short)).unwrap();
-    for i in 0..SLOW_REPS {
-        t.dev.memset_async(t.big, i as u8, SLOW_BYTES, t.b).unwrap();
-    }
-    t.dev.memset_async(x.ptr, PAT_B, x.size, t.b).unwrap();
-    t.dev.event_record(t.slow_done, t.b).unwrap();
+    t.queue_slow_then_pattern_on_b(x);
     let waits = t.dev.call_counts();
     pool.free(x.ptr, t.b).unwrap();
     let freed = t.dev.call_counts();
@@ -504,15 +529,7 @@ fn a_later_stream_taking_anothers_freed_bytes_waits_for_its_work() {
         y.ptr, x.ptr,
         "A gets B's bytes: one arena for the later streams"
     );
-    let b_running = !t.dev.event_query(t.slow_done).unwrap();
-    if !b_running {
-        assert!(
-            under_sanitizer(),
-            "B finished before A allocated: this run cannot tell a safe engine from an unsafe one"
-        );
-    }
-    t.dev.memset_async(y.ptr, PAT_A, y.size, t.a).unwrap();
-    let (n_a, n_b) = t.settle_and_count(y.ptr, y.size);
+    let (n_a, n_b, _) = t.a_writes_while_b_runs(y, "the shared arena");
     assert_eq!(
         (n_a, n_b),
         (y.size as usize, 0),
@@ -557,22 +574,10 @@ fn foreign_free_orders_the_arena_stream_after_the_last_user() {
         let x = pool.alloc(size, t.a, hint(life)).unwrap();
         assert_eq!(x.tier, tier, "'{conf}'");
         // B: slow work, then its pattern over X, then the free on B (X's last user).
-        for i in 0..SLOW_REPS {
-            t.dev.memset_async(t.big, i as u8, SLOW_BYTES, t.b).unwrap();
-        }
-        t.dev.memset_async(x.ptr, PAT_B, x.size, t.b).unwrap();
-        t.dev.event_record(t.slow_done, t.b).unwrap();
+        t.queue_slow_then_pattern_on_b(x);
         pool.free(x.ptr, t.b).unwrap();
         let y = pool.alloc(size, t.a, hint(life)).unwrap();
-        let b_running = !t.dev.event_query(t.slow_done).unwrap();
-        if !b_running {
-            assert!(
-                under_sanitizer(),
-                "'{conf}': B finished before A allocated: this run cannot tell a safe engine from an unsafe one"
-            );
-        }
-        t.dev.memset_async(y.ptr, PAT_A, y.size, t.a).unwrap();
-        let (n_a, n_b) = t.settle_and_count(y.ptr, y.size);
+        let (n_a, n_b, b_running) = t.a_writes_while_b_runs(y, &format!("'{conf}'"));
         eprintln!(
             "'{conf}' {tier:?}: A got {} while B's work was {}",
             if y.ptr == x.ptr {
