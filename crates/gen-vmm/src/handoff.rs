@@ -283,8 +283,11 @@ impl Handoff {
             return Ok(());
         }
         let mut p = self.parties.lock();
-        let owed: Vec<(StreamId, u64)> = owed(&p, stream, stamp).collect();
-        for (s, need) in owed {
+        // One owed stream at a time (each ordering below covers its `need`, so none comes back): no
+        // list built on this path, which runs for most blocks of a shared arena.
+        loop {
+            let next = owed(&p, stream, stamp).next();
+            let Some((s, need)) = next else { break };
             let entry = p
                 .ordered
                 .iter()
