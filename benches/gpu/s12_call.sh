@@ -2,18 +2,14 @@
 # Session 12 on the GPU machine (run from the repository root with .gpu/ staged: bin/genpool — this
 # session's build — and bin/genpool-base — session 11's start, 1f25bfd — bin/threads-{base,new}
 # (crates/genpool/examples/threads.rs), bin/libgenpool_torch.so, tests/cuda (genpool's)). STEPS picks
-# steps (default tests,replay,threads: one call of ~7 minutes; then STEPS=compat,torch and
+# steps (default replay,tests,threads: one call of ~7 minutes; then STEPS=compat,torch and
 # STEPS=tthreads,sanitize). The replay compares, interleaved, the base, this build with
 # `experimental.stream_arenas:own` (an arena per later stream, the default until this session) and this
 # build's default (the later streams share one arena, ordered lazily). Logs under $OUT; tables last.
 set -uo pipefail
-STEPS_DEFAULT=tests,replay,threads
+STEPS_DEFAULT=replay,tests,threads
 . "$(dirname "$0")/env.sh"
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; python3 -c 'import torch; print("torch", torch.__version__)'; nproc; } > "$OUT/machine.txt" 2>&1
-if has tests; then
-  timeout 240 "$G"/tests/cuda --include-ignored --test-threads 1 > "$OUT/cuda_tests.log" 2>&1
-  echo "cuda tests rc=$?" >> "$OUT/cuda_tests.log"
-fi
 T="benches/traces/bert_serve_4streams.csv.gz benches/traces/resnet_copy_overlap.csv.gz benches/traces/gpt2_prefetch.csv.gz benches/traces/resnet50_train.csv.gz benches/traces/gpt2_train_fixed.csv.gz benches/traces/gpt2_generate_kv.csv.gz"
 if has replay; then
   for r in 1 2; do for v in base own new; do
@@ -23,6 +19,10 @@ import json,sys
 for l in sys.stdin:
   d=json.loads(l); w=d['warm_calls']; print('$r', '$v'.ljust(5), d['trace'][:20].ljust(20), round(d['ratio'],4), round(d['ns_per_op']), [round(x) for x in d['ns_per_op_passes']], 'maps', w.get('maps'), 'syncs', w.get('device_syncs'), 'waits', w.get('waits'), 'rec', w.get('event_records'), 'swait', w.get('stream_waits'))"
   done; done | sort -k3,3 -k2,2 -k1,1 > "$OUT/replay_ab.txt"
+fi
+if has tests; then
+  timeout ${TEST_TIMEOUT:-240} "$G"/tests/cuda --include-ignored --test-threads 1 > "$OUT/cuda_tests.log" 2>&1
+  echo "cuda tests rc=$?" >> "$OUT/cuda_tests.log"
 fi
 if has threads; then
   for r in $(seq ${ROUNDS:-1}); do for h in 4 0; do for b in base new; do
