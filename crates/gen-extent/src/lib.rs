@@ -167,7 +167,15 @@ impl ExtentArena {
     ) -> Option<(u64, Stamp)> {
         let mut cands = match usable {
             None if candidates <= 1 => return core.alloc_stamped(rounded),
-            None => core.candidates(rounded, candidates),
+            None => {
+                // The best fit first: when it needs no new page it is the choice (ties keep best-fit
+                // order), with one page walk and no list — most allocations of a steady state.
+                let best = *core.candidates(rounded, 1).first()?;
+                if self.region.unbacked_in(best, rounded) == 0 {
+                    return core.alloc_at_stamped(best, rounded);
+                }
+                core.candidates(rounded, candidates)
+            }
             Some(_) => core.candidates(rounded, candidates.max(CAPTURE_CANDIDATES)),
         };
         if let Some(ok) = usable {

@@ -2356,9 +2356,24 @@ impl Region {
         r.in_use * self.pool.page
     }
 
-    /// For each `(offset, len)` range, how many of the pages it overlaps have no physical page mapped
-    /// under them (committing the range would have to map that many). Ranges outside the region count
-    /// `u64::MAX`. One lock for the whole batch: placement policies compare candidates with it.
+    /// How many of the pages `[offset, offset + len)` overlaps have no physical page mapped under them
+    /// (committing the range would have to map that many); `u64::MAX` for a range outside the region.
+    pub fn unbacked_in(&self, offset: u64, len: u64) -> u64 {
+        let Ok((first, last)) = self.page_range(offset, len) else {
+            return u64::MAX;
+        };
+        let g = self.pool.inner.lock();
+        let r = g.regions[self.id as usize]
+            .as_ref()
+            .expect("registered region");
+        r.hot[first as usize..=last as usize]
+            .iter()
+            .filter(|p| !p.backed())
+            .count() as u64
+    }
+
+    /// [`unbacked_in`](Self::unbacked_in) of each of `ranges`, under one lock: placement policies compare
+    /// candidates with it.
     pub fn unbacked_pages(&self, ranges: &[(u64, u64)]) -> Vec<u64> {
         let g = self.pool.inner.lock();
         let r = g.regions[self.id as usize]
