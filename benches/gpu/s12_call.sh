@@ -10,9 +10,9 @@ set -uo pipefail
 STEPS_DEFAULT=replay,tests,threads
 . "$(dirname "$0")/env.sh"
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; python3 -c 'import torch; print("torch", torch.__version__)'; nproc; } > "$OUT/machine.txt" 2>&1
-T="benches/traces/bert_serve_4streams.csv.gz benches/traces/resnet_copy_overlap.csv.gz benches/traces/gpt2_prefetch.csv.gz benches/traces/resnet50_train.csv.gz benches/traces/gpt2_train_fixed.csv.gz benches/traces/gpt2_generate_kv.csv.gz"
+T=${TRACES:-"benches/traces/bert_serve_4streams.csv.gz benches/traces/resnet_copy_overlap.csv.gz benches/traces/gpt2_prefetch.csv.gz benches/traces/resnet50_train.csv.gz benches/traces/gpt2_train_fixed.csv.gz benches/traces/gpt2_generate_kv.csv.gz"}
 if has replay; then
-  for r in 1 2; do for v in base own new; do
+  for r in $(seq ${RROUNDS:-2}); do for v in base own new; do
     case $v in base) b=genpool-base; c="";; own) b=genpool; c=experimental.stream_arenas:own;; new) b=genpool; c="";; esac
     GENPOOL_CONF=$c timeout 120 "$G"/bin/$b replay $T --device cuda --passes ${PASSES:-5} --json 2>>"$OUT/replay.err" | python3 -c "
 import json,sys
