@@ -332,6 +332,27 @@ impl TwoStreams {
         (n_a, n_b, b_running)
     }
 
+    /// `y`'s bytes as [`a_writes_while_b_runs`](Self::a_writes_while_b_runs) counted them must all be
+    /// A's (none of B's late pattern: A was ordered after B); then `y` is freed on A and the pool, trimmed,
+    /// must hold nothing.
+    fn assert_a_ordered_then_release(
+        &self,
+        pool: &Pool,
+        y: Block,
+        (n_a, n_b): (usize, usize),
+        case: &str,
+    ) {
+        assert_eq!(
+            (n_a, n_b),
+            (y.size as usize, 0),
+            "{case}: A's block holds {n_b} bytes of B's late pattern: A was not ordered after B"
+        );
+        pool.free(y.ptr, self.a).unwrap();
+        self.dev.synchronize().unwrap();
+        pool.trim();
+        assert_eq!(pool.reserved_now(), 0, "{case}: memory left after trim");
+    }
+
     /// Whether A's queued work (slow work and pattern) has completed.
     fn a_done(&self) -> bool {
         self.dev.event_query(self.slow_done).unwrap()
@@ -530,15 +551,7 @@ fn a_later_stream_taking_anothers_freed_bytes_waits_for_its_work() {
         "A gets B's bytes: one arena for the later streams"
     );
     let (n_a, n_b, _) = t.a_writes_while_b_runs(y, "the shared arena");
-    assert_eq!(
-        (n_a, n_b),
-        (y.size as usize, 0),
-        "A's block holds {n_b} bytes of B's late pattern: A was not ordered after B"
-    );
-    pool.free(y.ptr, t.a).unwrap();
-    t.dev.synchronize().unwrap();
-    pool.trim();
-    assert_eq!(pool.reserved_now(), 0, "memory left after trim");
+    t.assert_a_ordered_then_release(&pool, y, (n_a, n_b), "the shared arena");
 }
 
 /// A block handed to another stream and freed there (PyTorch's `record_stream`, a hand-off): X is
@@ -587,14 +600,6 @@ fn foreign_free_orders_the_arena_stream_after_the_last_user() {
             },
             if b_running { "still running" } else { "done" }
         );
-        assert_eq!(
-            (n_a, n_b),
-            (y.size as usize, 0),
-            "'{conf}' {tier:?}: A's block holds {n_b} bytes of B's late pattern: A was not ordered after B"
-        );
-        pool.free(y.ptr, t.a).unwrap();
-        t.dev.synchronize().unwrap();
-        pool.trim();
-        assert_eq!(pool.reserved_now(), 0, "'{conf}': memory left after trim");
+        t.assert_a_ordered_then_release(&pool, y, (n_a, n_b), &format!("'{conf}' {tier:?}"));
     }
 }
