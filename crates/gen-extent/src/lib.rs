@@ -169,7 +169,9 @@ impl ExtentArena {
             None if candidates <= 1 => return core.alloc_stamped(rounded),
             None => {
                 // The best fit first: when it needs no new page it is the choice (ties keep best-fit
-                // order), with one page walk and no list — most allocations of a steady state.
+                // order), with one page walk and no list of candidates — most allocations of a steady
+                // state. (Listing the candidates once for both cost 163 → 178 ns/op on the simulated
+                // serving trace: the rare fallback lists them again instead.)
                 let best = *core.candidates(rounded, 1).first()?;
                 if self.region.unbacked_in(best, rounded) == 0 {
                     return core.alloc_at_stamped(best, rounded);
@@ -323,13 +325,9 @@ impl ExtentArena {
 
     /// [`free`](Self::free) for an arena several streams share (no [`set_stream`](Self::set_stream)):
     /// the pages the block leaves free are stamped with `stream`, whose work used it last, so their next
-    /// reuse elsewhere waits for that stream only ([`gen_vmm::Region::decommit_for`]).
-    pub fn free_on(&self, ptr: u64, stream: gen_device::StreamId) -> Result<u64, TierError> {
-        self.free_with(ptr, Some(stream), Stamp::NONE)
-    }
-
-    /// [`free_on`](Self::free_on) in an arena ordered lazily ([`keep_stamps`](Self::keep_stamps)): the
-    /// freed bytes keep `stamp` (from [`gen_vmm::Handoff::freed_lazily`]) until they are allocated again.
+    /// reuse elsewhere waits for that stream only ([`gen_vmm::Region::decommit_for`]); in an arena
+    /// ordered lazily ([`keep_stamps`](Self::keep_stamps)) the freed bytes keep `stamp` (from
+    /// [`gen_vmm::Handoff::freed_lazily`]) until they are allocated again.
     pub fn free_stamped(
         &self,
         ptr: u64,

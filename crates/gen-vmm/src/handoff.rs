@@ -390,7 +390,7 @@ fn owed<'a>(
 /// [`VmmError::Capturing`].
 fn order(pages: &PagePool, stream: StreamId, after: StreamId) -> Result<Option<u64>, VmmError> {
     match pages.order_after(stream, after) {
-        Ok(epoch) => Ok(Some(epoch)),
+        Ok(epoch) => Ok(epoch),
         Err(e @ VmmError::Capturing(_)) => Err(e),
         Err(e) => {
             log::warn!("gen-vmm: ordering stream {stream:#x} after {after:#x} on the device: {e}; synchronizing");

@@ -771,11 +771,12 @@ impl PagePool {
     /// `after` (or the newest one, when nothing was freed since), waited on by `stream` on the device
     /// (`cuStreamWaitEvent`). No host wait. Nothing to do when they are the same stream.
     ///
-    /// Returns the fence's epoch: [`order_after_fence`](Self::order_after_fence) with it orders another
-    /// stream after the same work with no new fence.
-    pub fn order_after(&self, stream: StreamId, after: StreamId) -> Result<u64, VmmError> {
+    /// Returns the fence's epoch (`None`: the same stream, nothing waited for):
+    /// [`order_after_fence`](Self::order_after_fence) with it orders another stream after the same work
+    /// with no new fence.
+    pub fn order_after(&self, stream: StreamId, after: StreamId) -> Result<Option<u64>, VmmError> {
         if stream == after {
-            return Ok(self.inner.lock().epoch);
+            return Ok(None);
         }
         if self.capturing() {
             return Err(VmmError::Capturing(
@@ -784,7 +785,7 @@ impl PagePool {
         }
         let mut g = self.inner.lock();
         let now = g.epoch;
-        self.wait_fence(&mut g, stream, after, now)
+        self.wait_fence(&mut g, stream, after, now).map(Some)
     }
 
     /// Make future work on `stream` wait for `after`'s work up to the fence of epoch `epoch` (one that
@@ -1722,19 +1723,25 @@ impl PagePool {
                 };
                 Ok(Settled::Fenced { stream: s, epoch })
             }
-            (None, Some(t)) if mask != 0 && Self::mask_streams(g, mask).is_some() => {
+            (None, Some(t)) => match Self::mask_streams(g, mask).filter(|_| mask != 0) {
                 // A page of a shared region whose bytes several streams freed: `t` waits for each, and
                 // a fence on `t` after those waits covers them all (for the old mapping).
-                g.commit_ordered = true;
-                for s in Self::mask_streams(g, mask).unwrap_or_default() {
-                    if s != t && !Self::idle(g, Some(s), freed) {
-                        self.wait_fence(g, t, s, freed)?;
+                Some(streams) => {
+                    g.commit_ordered = true;
+                    for s in streams {
+                        if s != t && !Self::idle(g, Some(s), freed) {
+                            self.wait_fence(g, t, s, freed)?;
+                        }
                     }
+                    let now = g.epoch;
+                    let (_, epoch) = self.fence_on(g, t, now)?;
+                    Ok(Settled::Fenced { stream: t, epoch })
                 }
-                let now = g.epoch;
-                let (_, epoch) = self.fence_on(g, t, now)?;
-                Ok(Settled::Fenced { stream: t, epoch })
-            }
+                None => {
+                    self.sync_all(g, synced)?;
+                    Ok(Settled::Idle)
+                }
+            },
             _ => {
                 self.sync_all(g, synced)?;
                 Ok(Settled::Idle)
@@ -2359,36 +2366,32 @@ impl Region {
     /// How many of the pages `[offset, offset + len)` overlaps have no physical page mapped under them
     /// (committing the range would have to map that many); `u64::MAX` for a range outside the region.
     pub fn unbacked_in(&self, offset: u64, len: u64) -> u64 {
-        let Ok((first, last)) = self.page_range(offset, len) else {
-            return u64::MAX;
-        };
         let g = self.pool.inner.lock();
-        let r = g.regions[self.id as usize]
-            .as_ref()
-            .expect("registered region");
-        r.hot[first as usize..=last as usize]
-            .iter()
-            .filter(|p| !p.backed())
-            .count() as u64
+        self.unbacked_locked(&g, offset, len)
     }
 
     /// [`unbacked_in`](Self::unbacked_in) of each of `ranges`, under one lock: placement policies compare
     /// candidates with it.
     pub fn unbacked_pages(&self, ranges: &[(u64, u64)]) -> Vec<u64> {
         let g = self.pool.inner.lock();
+        ranges
+            .iter()
+            .map(|&(offset, len)| self.unbacked_locked(&g, offset, len))
+            .collect()
+    }
+
+    /// [`unbacked_in`](Self::unbacked_in) under the pool's lock, held by the caller.
+    fn unbacked_locked(&self, g: &Inner, offset: u64, len: u64) -> u64 {
         let r = g.regions[self.id as usize]
             .as_ref()
             .expect("registered region");
-        ranges
-            .iter()
-            .map(|&(offset, len)| match self.page_range(offset, len) {
-                Ok((first, last)) => r.hot[first as usize..=last as usize]
-                    .iter()
-                    .filter(|p| !p.backed())
-                    .count() as u64,
-                Err(_) => u64::MAX,
-            })
-            .collect()
+        match self.page_range(offset, len) {
+            Ok((first, last)) => r.hot[first as usize..=last as usize]
+                .iter()
+                .filter(|p| !p.backed())
+                .count() as u64,
+            Err(_) => u64::MAX,
+        }
     }
 
     /// References held on the page containing `offset` (tests and invariant checks).
