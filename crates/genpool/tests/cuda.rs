@@ -294,25 +294,24 @@ impl TwoStreams {
 
     /// Queue the slow work on A, then `PAT_A` over `x` on A, and record `slow_done` after them.
     fn queue_slow_then_pattern(&self, x: Block) {
-        for i in 0..SLOW_REPS {
-            self.dev
-                .memset_async(self.big, i as u8, SLOW_BYTES, self.a)
-                .unwrap();
-        }
-        self.dev.memset_async(x.ptr, PAT_A, x.size, self.a).unwrap();
-        self.dev.event_record(self.slow_done, self.a).unwrap();
+        self.queue_slow_then(self.a, PAT_A, x);
     }
 
     /// Queue the slow work on B, then `PAT_B` over `x` on B, and record `slow_done` after them: B is the
     /// block's last user when it is freed next.
     fn queue_slow_then_pattern_on_b(&self, x: Block) {
+        self.queue_slow_then(self.b, PAT_B, x);
+    }
+
+    /// Queue the slow work on `s`, then `pat` over `x` on `s`, and record `slow_done` after them.
+    fn queue_slow_then(&self, s: StreamId, pat: u8, x: Block) {
         for i in 0..SLOW_REPS {
             self.dev
-                .memset_async(self.big, i as u8, SLOW_BYTES, self.b)
+                .memset_async(self.big, i as u8, SLOW_BYTES, s)
                 .unwrap();
         }
-        self.dev.memset_async(x.ptr, PAT_B, x.size, self.b).unwrap();
-        self.dev.event_record(self.slow_done, self.b).unwrap();
+        self.dev.memset_async(x.ptr, pat, x.size, s).unwrap();
+        self.dev.event_record(self.slow_done, s).unwrap();
     }
 
     /// A, having just been given `y`, writes `PAT_A` over it while B's slow work should still run; after
