@@ -58,7 +58,7 @@ fn all_tiers_serve_real_memory() {
         let pool = Pool::new(
             dev.clone(),
             Config::parse(&format!(
-                "mid_tier:{mid},experimental.long_tier:buddy,slab_max_size:1M"
+                "experimental.mid_tier:{mid},experimental.long_tier:buddy,slab_max_size:1M"
             ))
             .unwrap(),
         )
