@@ -8,14 +8,17 @@
 //!
 //! `THRASH_KB` (default 2048), `PASSES` (default 3, the first not counted); `GENPOOL_CONF` as for the
 //! plug-in. Streams are ignored (every call on the default stream). `ABI=backend` calls the PyTorch
-//! backend's `genpool_backend_malloc` / `genpool_backend_free` instead of the pluggable hooks.
+//! backend's `genpool_backend_malloc` / `genpool_backend_free` instead of the pluggable hooks; `PAGE_STATS=1`
+//! prints the page layer's driver-call counters after each pass.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::time::Instant;
 
 use gen_trace::EventKind;
-use genpool_torch::{genpool_backend_free, genpool_backend_malloc, genpool_free, genpool_malloc};
+use genpool_torch::{
+    genpool_backend_free, genpool_backend_malloc, genpool_free, genpool_malloc, genpool_stats_json,
+};
 
 fn main() {
     let path = std::env::args().nth(1).expect("usage: coldabi TRACE");
@@ -93,6 +96,24 @@ fn main() {
         }
         for (_, (p, size)) in live {
             free(p, size);
+        }
+        if std::env::var_os("PAGE_STATS").is_some() {
+            // The page layer's driver-call counters after each pass (cumulative).
+            let mut buf = vec![0u8; 1 << 16];
+            // SAFETY: `buf` is valid for `buf.len()` bytes of writes.
+            let n = unsafe { genpool_stats_json(0, buf.as_mut_ptr().cast(), buf.len()) };
+            let v: serde_json::Value =
+                serde_json::from_slice(&buf[..n.min(buf.len() - 1)]).expect("stats JSON");
+            let p = &v["pages"];
+            println!(
+                "pass {}: maps {} unmaps {} syncs {} stream_waits {} aliases {}",
+                pass + 1,
+                p["maps"],
+                p["unmaps"],
+                p["syncs"],
+                p["stream_waits"],
+                p["aliases"]
+            );
         }
     }
     println!(
