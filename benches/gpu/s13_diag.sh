@@ -34,3 +34,9 @@ if command -v perf > /dev/null; then
   rm -f $OUT/perf.data
   cat $OUT/perf_top.txt
 fi
+if command -v perf > /dev/null; then
+  GENPOOL_HANDOFF=0 perf record -F 2999 -g -o $OUT/perf_t.data -- $G/bin/threads-new 2000000 16 > $OUT/perf_threads_run.txt 2>&1
+  perf report -i $OUT/perf_t.data --no-children --percent-limit 0.7 --stdio 2>/dev/null | grep -E "^ +[0-9]" | head -50 > $OUT/perf_threads_top.txt
+  rm -f $OUT/perf_t.data
+  cat $OUT/perf_threads_run.txt $OUT/perf_threads_top.txt
+fi
