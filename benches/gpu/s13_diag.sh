@@ -1,12 +1,11 @@
 set -uo pipefail
 STEPS_DEFAULT=x
 . benches/gpu/env.sh
-T="benches/traces/resnet50_train.csv.gz benches/traces/gpt2_train_fixed.csv.gz benches/traces/gpt2_generate_kv.csv.gz benches/traces/bert_serve_4streams.csv.gz"
+T="benches/traces/resnet50_train.csv.gz benches/traces/gpt2_train_fixed.csv.gz benches/traces/gpt2_generate_kv.csv.gz"
 which perf gdb valgrind py-spy nsys 2>&1 | head > $OUT/tools.txt
 GENPOOL_TIMING=1 timeout 200 python3 benches/gpu/torch_diag.py $T --reps 4 > $OUT/diag_timing.jsonl 2> $OUT/diag.err
-timeout 120 python3 benches/gpu/torch_diag.py $T --reps 4 > $OUT/diag.jsonl 2>> $OUT/diag.err
 timeout 100 $G/bin/genpool replay $T --device cuda --passes 5 --json --ignore-site > $OUT/cli.jsonl 2>> $OUT/diag.err
-for c in "" page_slack:0.03 page_slack:0.06 page_slack:0.1; do
+for c in page_slack:0.03 page_slack:0.06 page_slack:0.1; do
   GENPOOL_CONF=$c timeout 60 $G/bin/genpool replay benches/traces/bert_serve_4streams.csv.gz --device cuda --passes 5 --json 2>> $OUT/diag.err | python3 -c "
 import json,sys
 for l in sys.stdin:
@@ -16,7 +15,7 @@ cat $OUT/tools.txt; tail -3 $OUT/diag.err; cat $OUT/slack.txt
 python3 - <<'PY'
 import json,os
 O=os.environ["OUT"]
-for f in ("diag_timing.jsonl","diag.jsonl"):
+for f in ("diag_timing.jsonl",):
   print(f)
   prev=None
   for l in open(f"{O}/{f}"):
