@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 13: where the time goes on the PyTorch path (torch_diag.py: each pass's page counters and host
 # time under PyTorch; the same traces through the engine's own replay), a perf profile of it and of the
-# 16-thread short-lived bench where perf exists, and the serving trace's headroom frontier on the device.
+# 16-thread short-lived bench where perf exists.
 # Needs .gpu/bin/{genpool,libgenpool_torch.so,threads-new} (strip --strip-debug keeps their symbols).
 set -uo pipefail
 STEPS_DEFAULT=x
@@ -30,10 +30,4 @@ if command -v perf > /dev/null; then
   rm -f $OUT/perf_t.data
   cat $OUT/perf_threads_run.txt $OUT/perf_threads_top.txt
 fi
-for c in page_slack:0.03 page_slack:0.1; do
-  GENPOOL_CONF=$c timeout 40 $G/bin/genpool replay benches/traces/bert_serve_4streams.csv.gz --device cuda --passes 4 --json 2>> $OUT/diag.err | python3 -c "
-import json,sys
-for l in sys.stdin:
-  d=json.loads(l); w=d['warm_calls']; print('bert_serve $c', round(d['ratio'],4), round(d['ns_per_op']), [round(x) for x in d['ns_per_op_passes']], 'maps', w.get('maps'), 'syncs', w.get('device_syncs'))"
-done | tee $OUT/slack.txt
 tail -3 $OUT/diag.err
