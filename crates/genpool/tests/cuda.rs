@@ -22,6 +22,68 @@ const PAT_A: u8 = 0xA1;
 /// The pattern stream B writes into the block it was given.
 const PAT_B: u8 = 0xB2;
 
+/// `all_tiers_serve_real_memory`'s pools: the mid tier in the extent arena, then in the driver pool.
+const ALL_TIERS_CONFS: [&str; 2] = [
+    "experimental.mid_tier:extent,experimental.long_tier:buddy,slab_max_size:1M",
+    "experimental.mid_tier:stream,experimental.long_tier:buddy,slab_max_size:1M",
+];
+/// `capped_pool_out_of_memory_recovers`'s pool.
+const CAPPED_CONF: &str = "limit:256M";
+/// A stream-order case: the pool's configuration, the block's size, its lifetime hint, the tier it must
+/// come from.
+type Case = (&'static str, u64, Lifetime, Tier);
+/// `cross_stream_reuse_waits_for_work_on_the_freeing_stream`: each tier.
+const REUSE_CASES: [Case; 4] = [
+    ("", 4096, Lifetime::Short, Tier::Slab),
+    ("", 8 * MIB, Lifetime::Short, Tier::Extent),
+    (
+        "experimental.long_tier:buddy",
+        MIB,
+        Lifetime::Long,
+        Tier::Buddy,
+    ),
+    (
+        "experimental.mid_tier:stream",
+        MIB,
+        Lifetime::Mid,
+        Tier::Stream,
+    ),
+];
+/// `foreign_free_orders_the_arena_stream_after_the_last_user`: the first stream's arena, one arena every
+/// stream shares, the buddy.
+const FOREIGN_FREE_CASES: [Case; 3] = [
+    ("", 8 * MIB, Lifetime::Short, Tier::Extent),
+    (
+        "experimental.stream_arenas:first",
+        8 * MIB,
+        Lifetime::Short,
+        Tier::Extent,
+    ),
+    (
+        "experimental.long_tier:buddy",
+        MIB,
+        Lifetime::Long,
+        Tier::Buddy,
+    ),
+];
+
+/// Runs everywhere (no device): every configuration the GPU tests build a pool with parses, so a key
+/// renamed in the configuration surface fails in CI rather than first on the GPU machine (as the mid
+/// tier's did, found on an H100 in session 13).
+#[test]
+fn the_gpu_tests_configurations_parse() {
+    let confs = ALL_TIERS_CONFS
+        .into_iter()
+        .chain([CAPPED_CONF])
+        .chain(REUSE_CASES.iter().map(|c| c.0))
+        .chain(FOREIGN_FREE_CASES.iter().map(|c| c.0));
+    for conf in confs {
+        if let Err(e) = Config::parse(conf) {
+            panic!("'{conf}' does not parse: {e}");
+        }
+    }
+}
+
 fn device() -> Option<Arc<dyn Device>> {
     match CudaDevice::new(0) {
         Ok(d) => Some(Arc::new(d)),
@@ -54,15 +116,8 @@ fn hint(l: Lifetime) -> Hint {
 #[ignore = "needs a CUDA GPU"]
 fn all_tiers_serve_real_memory() {
     let Some(dev) = device() else { return };
-    for mid in ["extent", "stream"] {
-        let pool = Pool::new(
-            dev.clone(),
-            Config::parse(&format!(
-                "experimental.mid_tier:{mid},experimental.long_tier:buddy,slab_max_size:1M"
-            ))
-            .unwrap(),
-        )
-        .unwrap();
+    for (mid, conf) in ["extent", "stream"].into_iter().zip(ALL_TIERS_CONFS) {
+        let pool = Pool::new(dev.clone(), Config::parse(conf).unwrap()).unwrap();
         let reqs = [
             (4096, Lifetime::Short, Tier::Slab),
             (700 * 1024, Lifetime::Short, Tier::Slab),
@@ -235,7 +290,7 @@ fn moved_pages_come_back_through_their_old_mappings() {
 #[ignore = "needs a CUDA GPU"]
 fn capped_pool_out_of_memory_recovers() {
     let Some(dev) = device() else { return };
-    let pool = Pool::new(dev.clone(), Config::parse("limit:256M").unwrap()).unwrap();
+    let pool = Pool::new(dev.clone(), Config::parse(CAPPED_CONF).unwrap()).unwrap();
     let a = pool.alloc(200 * MIB, 0, hint(Lifetime::Short)).unwrap();
     match pool.alloc(100 * MIB, 0, hint(Lifetime::Short)) {
         Err(GenpoolError::OutOfMemory(r)) => {
@@ -396,23 +451,7 @@ impl Drop for TwoStreams {
 fn cross_stream_reuse_waits_for_work_on_the_freeing_stream() {
     let Some(dev) = device() else { return };
     let t = TwoStreams::new(dev.clone());
-    let cases = [
-        ("", 4096, Lifetime::Short, Tier::Slab),
-        ("", 8 * MIB, Lifetime::Short, Tier::Extent),
-        (
-            "experimental.long_tier:buddy",
-            MIB,
-            Lifetime::Long,
-            Tier::Buddy,
-        ),
-        (
-            "experimental.mid_tier:stream",
-            MIB,
-            Lifetime::Mid,
-            Tier::Stream,
-        ),
-    ];
-    for (conf, size, life, tier) in cases {
+    for (conf, size, life, tier) in REUSE_CASES {
         let pool = Pool::new(dev.clone(), Config::parse(conf).unwrap()).unwrap();
         t.introduce(&pool);
         let x = pool.alloc(size, t.a, hint(life)).unwrap();
@@ -565,22 +604,7 @@ fn a_later_stream_taking_anothers_freed_bytes_waits_for_its_work() {
 fn foreign_free_orders_the_arena_stream_after_the_last_user() {
     let Some(dev) = device() else { return };
     let t = TwoStreams::new(dev.clone());
-    let cases = [
-        ("", 8 * MIB, Lifetime::Short, Tier::Extent),
-        (
-            "experimental.stream_arenas:first",
-            8 * MIB,
-            Lifetime::Short,
-            Tier::Extent,
-        ),
-        (
-            "experimental.long_tier:buddy",
-            MIB,
-            Lifetime::Long,
-            Tier::Buddy,
-        ),
-    ];
-    for (conf, size, life, tier) in cases {
+    for (conf, size, life, tier) in FOREIGN_FREE_CASES {
         let pool = Pool::new(dev.clone(), Config::parse(conf).unwrap()).unwrap();
         t.introduce(&pool);
         let x = pool.alloc(size, t.a, hint(life)).unwrap();
