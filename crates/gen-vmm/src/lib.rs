@@ -1713,8 +1713,13 @@ impl PagePool {
         if Self::idle(g, stream, freed) {
             return Ok(Settled::Idle);
         }
-        match (stream, target) {
-            (Some(s), Some(t)) => {
+        // A page of a shared region whose bytes several streams freed: the streams its mask names.
+        let freers = match (stream, target) {
+            (None, Some(_)) if mask != 0 => Self::mask_streams(g, mask),
+            _ => None,
+        };
+        match (stream, target, freers) {
+            (Some(s), Some(t), _) => {
                 g.commit_ordered = true;
                 let epoch = if t == s {
                     self.fence_on(g, s, freed)?.1
@@ -1723,25 +1728,19 @@ impl PagePool {
                 };
                 Ok(Settled::Fenced { stream: s, epoch })
             }
-            (None, Some(t)) => match Self::mask_streams(g, mask).filter(|_| mask != 0) {
-                // A page of a shared region whose bytes several streams freed: `t` waits for each, and
-                // a fence on `t` after those waits covers them all (for the old mapping).
-                Some(streams) => {
-                    g.commit_ordered = true;
-                    for s in streams {
-                        if s != t && !Self::idle(g, Some(s), freed) {
-                            self.wait_fence(g, t, s, freed)?;
-                        }
+            (None, Some(t), Some(streams)) => {
+                // `t` waits for each, and a fence on `t` after those waits covers them all (for the old
+                // mapping).
+                g.commit_ordered = true;
+                for s in streams {
+                    if s != t && !Self::idle(g, Some(s), freed) {
+                        self.wait_fence(g, t, s, freed)?;
                     }
-                    let now = g.epoch;
-                    let (_, epoch) = self.fence_on(g, t, now)?;
-                    Ok(Settled::Fenced { stream: t, epoch })
                 }
-                None => {
-                    self.sync_all(g, synced)?;
-                    Ok(Settled::Idle)
-                }
-            },
+                let now = g.epoch;
+                let (_, epoch) = self.fence_on(g, t, now)?;
+                Ok(Settled::Fenced { stream: t, epoch })
+            }
             _ => {
                 self.sync_all(g, synced)?;
                 Ok(Settled::Idle)
