@@ -22,10 +22,17 @@ const PAT_A: u8 = 0xA1;
 /// The pattern stream B writes into the block it was given.
 const PAT_B: u8 = 0xB2;
 
-/// `all_tiers_serve_real_memory`'s pools: the mid tier in the extent arena, then in the driver pool.
-const ALL_TIERS_CONFS: [&str; 2] = [
-    "experimental.mid_tier:extent,experimental.long_tier:buddy,slab_max_size:1M",
-    "experimental.mid_tier:stream,experimental.long_tier:buddy,slab_max_size:1M",
+/// `all_tiers_serve_real_memory`'s pools, each with the tier its mid-lived blocks must come from: the
+/// extent arena, then the driver pool.
+const ALL_TIERS_CONFS: [(&str, Tier); 2] = [
+    (
+        "experimental.mid_tier:extent,experimental.long_tier:buddy,slab_max_size:1M",
+        Tier::Extent,
+    ),
+    (
+        "experimental.mid_tier:stream,experimental.long_tier:buddy,slab_max_size:1M",
+        Tier::Stream,
+    ),
 ];
 /// `capped_pool_out_of_memory_recovers`'s pool.
 const CAPPED_CONF: &str = "limit:256M";
@@ -73,7 +80,8 @@ const FOREIGN_FREE_CASES: [Case; 3] = [
 #[test]
 fn the_gpu_tests_configurations_parse() {
     let confs = ALL_TIERS_CONFS
-        .into_iter()
+        .iter()
+        .map(|c| c.0)
         .chain([CAPPED_CONF])
         .chain(REUSE_CASES.iter().map(|c| c.0))
         .chain(FOREIGN_FREE_CASES.iter().map(|c| c.0));
@@ -116,21 +124,13 @@ fn hint(l: Lifetime) -> Hint {
 #[ignore = "needs a CUDA GPU"]
 fn all_tiers_serve_real_memory() {
     let Some(dev) = device() else { return };
-    for (mid, conf) in ["extent", "stream"].into_iter().zip(ALL_TIERS_CONFS) {
+    for (conf, mid_tier) in ALL_TIERS_CONFS {
         let pool = Pool::new(dev.clone(), Config::parse(conf).unwrap()).unwrap();
         let reqs = [
             (4096, Lifetime::Short, Tier::Slab),
             (700 * 1024, Lifetime::Short, Tier::Slab),
             (37 * MIB + 512, Lifetime::Short, Tier::Extent),
-            (
-                5 * MIB,
-                Lifetime::Mid,
-                if mid == "stream" {
-                    Tier::Stream
-                } else {
-                    Tier::Extent
-                },
-            ),
+            (5 * MIB, Lifetime::Mid, mid_tier),
             (3 * MIB + 4096, Lifetime::Long, Tier::Buddy),
             (1536, Lifetime::Long, Tier::Buddy),
         ];
@@ -151,7 +151,7 @@ fn all_tiers_serve_real_memory() {
             pool.free(b.ptr, 0).unwrap();
         }
         pool.trim();
-        assert_eq!(pool.reserved_now(), 0, "mid_tier:{mid}");
+        assert_eq!(pool.reserved_now(), 0, "'{conf}'");
     }
 }
 
