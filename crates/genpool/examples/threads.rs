@@ -5,6 +5,12 @@
 //!
 //! `cargo run --release -p genpool --example threads -- [OPS_PER_THREAD] [T...]`; `GENPOOL_HANDOFF=N`
 //! hands every Nth block to the next thread instead of every 4th (0: none, every thread frees its own).
+//!
+//! `GENPOOL_THREADS_MODE` says what the threads allocate from, to find where scaling is lost:
+//! `pool` (the default: one engine), `pool-per-thread` (an engine per thread, on one device; also
+//! `GENPOOL_POOL_PER_THREAD=1`), `slab` (the slab tier alone, no engine around it), `slab-per-thread`,
+//! and `none` (no allocator: each thread numbers its blocks itself — the harness's own cost and the
+//! machine's scaling ceiling for this loop).
 
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
@@ -12,21 +18,78 @@ use std::time::Instant;
 use crossbeam_queue::ArrayQueue;
 use gen_device::sim::SimDevice;
 use gen_device::Device;
+use gen_slab::{Slab, SlabConfig};
+use gen_vmm::{PagePool, PagePoolConfig};
 use genpool::{Config, Hint, Pool};
 
 const SIZES: [u64; 4] = [512, 1024, 2048, 4096];
 
-fn run(threads: usize, ops: usize, handoff: usize) -> f64 {
+/// What the threads allocate from.
+#[derive(Clone)]
+enum Source {
+    Pool(Arc<Pool>),
+    Slab(Arc<Slab>),
+    /// No allocator: block addresses are the thread's own count.
+    None,
+}
+
+impl Source {
+    fn build(mode: &str, dev: &Arc<SimDevice>) -> Source {
+        let dev = dev.clone() as Arc<dyn Device>;
+        match mode {
+            "pool" | "pool-per-thread" => {
+                Source::Pool(Arc::new(Pool::new(dev, Config::default()).unwrap()))
+            }
+            "slab" | "slab-per-thread" => {
+                let pages = PagePool::new(dev.clone(), PagePoolConfig::default()).unwrap();
+                Source::Slab(Arc::new(
+                    Slab::new(&pages, dev, SlabConfig::default()).unwrap(),
+                ))
+            }
+            "none" => Source::None,
+            m => panic!("GENPOOL_THREADS_MODE: unknown mode {m:?}"),
+        }
+    }
+
+    #[inline]
+    fn alloc(&self, size: u64, next: &mut u64) -> u64 {
+        match self {
+            Source::Pool(p) => p.alloc(size, 0, Hint::NONE).unwrap().ptr,
+            Source::Slab(s) => s.alloc(size, 0, true).unwrap(),
+            Source::None => {
+                *next += 512;
+                *next
+            }
+        }
+    }
+
+    #[inline]
+    fn free(&self, ptr: u64) {
+        match self {
+            Source::Pool(p) => {
+                p.free(ptr, 0).unwrap();
+            }
+            Source::Slab(s) => {
+                s.free(ptr, 0).unwrap();
+            }
+            Source::None => {
+                std::hint::black_box(ptr);
+            }
+        }
+    }
+}
+
+fn run(threads: usize, ops: usize, handoff: usize, mode: &str) -> f64 {
     let dev = Arc::new(SimDevice::config().capacity(8 << 30).build().unwrap());
-    let pool = Arc::new(Pool::new(dev.clone() as Arc<dyn Device>, Config::default()).unwrap());
-    // GENPOOL_POOL_PER_THREAD=1: each thread its own pool (on one device): what sharing costs.
-    let own = std::env::var_os("GENPOOL_POOL_PER_THREAD").is_some();
-    let pools: Vec<Arc<Pool>> = (0..threads)
+    let shared = Source::build(mode, &dev);
+    // A source per thread (on one device): what sharing costs.
+    let own = mode.ends_with("-per-thread");
+    let pools: Vec<Source> = (0..threads)
         .map(|_| {
             if own {
-                Arc::new(Pool::new(dev.clone() as Arc<dyn Device>, Config::default()).unwrap())
+                Source::build(mode, &dev)
             } else {
-                pool.clone()
+                shared.clone()
             }
         })
         .collect();
@@ -38,30 +101,31 @@ fn run(threads: usize, ops: usize, handoff: usize) -> f64 {
             let (pool, queues, start) = (pools[i].clone(), queues.clone(), start.clone());
             std::thread::spawn(move || {
                 let mut ring = std::collections::VecDeque::with_capacity(16);
+                let mut next = (i as u64) << 40;
                 start.wait();
                 for k in 0..ops / 2 {
                     let size = SIZES[k % 4];
-                    let b = pool.alloc(size, 0, Hint::NONE).unwrap();
-                    ring.push_back(b.ptr);
+                    let p = pool.alloc(size, &mut next);
+                    ring.push_back(p);
                     if ring.len() > 16 {
                         let p = ring.pop_front().unwrap();
                         if handoff != 0 && k % handoff == 0 {
                             // Handed to the next thread, freed there.
                             if queues[(i + 1) % threads].push(p).is_err() {
-                                pool.free(p, 0).unwrap();
+                                pool.free(p);
                             }
                         } else {
-                            pool.free(p, 0).unwrap();
+                            pool.free(p);
                         }
                     }
                     if handoff != 0 {
                         if let Some(p) = queues[i].pop() {
-                            pool.free(p, 0).unwrap();
+                            pool.free(p);
                         }
                     }
                 }
                 for p in ring {
-                    pool.free(p, 0).unwrap();
+                    pool.free(p);
                 }
             })
         })
@@ -74,7 +138,7 @@ fn run(threads: usize, ops: usize, handoff: usize) -> f64 {
     let dt = t0.elapsed();
     for q in queues.iter() {
         while let Some(p) = q.pop() {
-            pool.free(p, 0).unwrap();
+            shared.free(p);
         }
     }
     dt.as_nanos() as f64 / (threads * ops) as f64
@@ -95,9 +159,18 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(4);
+    let mode = match std::env::var("GENPOOL_THREADS_MODE") {
+        Ok(m) => m,
+        Err(_) if std::env::var_os("GENPOOL_POOL_PER_THREAD").is_some() => "pool-per-thread".into(),
+        Err(_) => "pool".into(),
+    };
+    if mode.ends_with("-per-thread") && handoff != 0 {
+        eprintln!("{mode} needs GENPOOL_HANDOFF=0 (a block goes back to the source it came from)");
+        std::process::exit(2);
+    }
     let mut base = None;
     for t in ts {
-        let ns = run(t, ops, handoff);
+        let ns = run(t, ops, handoff, &mode);
         let b = *base.get_or_insert(ns);
         println!(
             "threads {t:2}: {ns:7.1} ns/op wall, throughput {:.2}x one thread",

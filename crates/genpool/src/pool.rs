@@ -18,7 +18,7 @@ use crate::config::{Config, LongTier, MidTier, Routing};
 use crate::error::{FreeFault, GenpoolError, OomReport, Result, TierUsage};
 use crate::headroom::Headroom;
 use crate::meta::{Meta, MetaTable, Removed, NO_THREAD};
-use crate::slabbook::SlabBook;
+use crate::slabbook::{SlabBook, SlabWord};
 use crate::stats::{PlanSummary, PoolStats, TierStats};
 use crate::tcache::{Kept, ThreadCaches};
 pub use crate::tier::Tier;
@@ -445,6 +445,27 @@ impl Pool {
         let requested = size;
         let size = size.div_ceil(ALIGN) * ALIGN;
         self.note_stream(stream);
+        // The short-lived path: routing by size (the default) sends a slab-sized block to the slab; when
+        // the slab serves it without new pages its record goes to the slab's book — no features, no
+        // route, no ladder. Anything else (a slab that would grow, a full class) takes the general path.
+        if size <= self.hot.slab_max && self.hot.routing == Routing::Single {
+            if let Ok(ptr) = self.slab.alloc(size, stream, self.pages.slack() > 0.0) {
+                let slack = (size - requested) as u16;
+                if !self.slab_book.set(&self.slab, ptr, size, slack, stream) {
+                    // Not a slot of the book (never: the slab just handed it out): the address map.
+                    self.meta.insert(
+                        ptr,
+                        crate::slabbook::meta(size | u64::from(slack) << 32, stream),
+                    );
+                }
+                self.books.add(Tier::Slab as usize, size);
+                return Ok(Block {
+                    ptr,
+                    size,
+                    tier: Tier::Slab,
+                });
+            }
+        }
         let features = Features {
             size,
             stream,
@@ -825,6 +846,14 @@ impl Pool {
                 fault: FreeFault::Null,
             });
         }
+        // The short-lived path: a slab block recorded in the slab's per-slot book (lifetime routing
+        // off, the default) is freed from its entry's two words, with no record built.
+        if self.slab.owns(ptr) {
+            let (word, alloc_stream) = self.slab_book.take_raw(&self.slab, ptr);
+            if word != 0 {
+                return self.free_slab(ptr, stream.unwrap_or(alloc_stream), word, alloc_stream);
+            }
+        }
         let meta = match self.unrecord(ptr) {
             Removed::Live(m) => m,
             Removed::RecentlyFreed => {
@@ -907,6 +936,67 @@ impl Pool {
         }
         self.books.sub(meta.tier as usize, size);
         Ok(LiveBlock::of(ptr, &meta))
+    }
+
+    /// [`free_in`](Self::free_in) of a slab block whose entry in the slab's book was just taken (`word`,
+    /// allocated for `alloc_stream`), freed on `stream`: what the general path does for a slab block —
+    /// the large-allocation run ends, the stream is noted, blocks a capture deferred go back once several
+    /// streams are seen, then the slab — without a classifier stamp, a plan ticket or a thread cache to
+    /// consult (a slab block in the book has none).
+    #[inline]
+    fn free_slab(
+        &self,
+        ptr: u64,
+        stream: StreamId,
+        word: u64,
+        alloc_stream: StreamId,
+    ) -> Result<LiveBlock> {
+        let w = SlabWord(word);
+        if self.hot.large_since_free.load(Relaxed) != 0 {
+            self.hot.large_since_free.store(0, Relaxed);
+        }
+        self.note_stream(stream);
+        if self.hot.multi_stream.load(Relaxed) && self.deferred_bytes.load(Relaxed) != 0 {
+            self.give_back_deferred();
+        }
+        match self.slab.free(ptr, stream) {
+            Ok(_) => {}
+            Err(TierError::Vmm(VmmError::Capturing(why))) => {
+                // As in `free_in`: back to the slab at the first call after the capture.
+                log::debug!("genpool: free of {ptr:#x} deferred during a capture ({why})");
+                self.deferred.lock().push(Deferred {
+                    ptr,
+                    size: w.size(),
+                    tier: Tier::Slab,
+                    stream,
+                });
+                self.deferred_bytes.fetch_add(w.size(), Relaxed);
+            }
+            Err(TierError::InvalidFree { .. }) => {
+                // The slab's live flag says the slot is free: a double free racing the first one on
+                // another thread (both read the entry live; the slab's swap let one through). The
+                // first free owns the slot: refused, nothing changes.
+                self.invalid_frees.fetch_add(1, Relaxed);
+                return Err(GenpoolError::InvalidFree {
+                    ptr,
+                    fault: FreeFault::DoubleFree,
+                });
+            }
+            Err(e) => {
+                // Refused for another reason (a device error on the slab's overflow path): the block
+                // stays recorded, nothing is lost.
+                self.record(ptr, crate::slabbook::meta(word, alloc_stream));
+                return Err(e.into());
+            }
+        }
+        self.books.sub(Tier::Slab as usize, w.size());
+        Ok(LiveBlock {
+            ptr,
+            size: w.size(),
+            requested: w.requested(),
+            tier: Tier::Slab,
+            stream: alloc_stream,
+        })
     }
 
     /// Give a block back to its tier. A block of a range several streams use goes back only once the
@@ -1174,5 +1264,64 @@ mod layout_tests {
             offset_of!(Pool, slab) - at <= 64,
             "pages, extents, meta, plan server: one line"
         );
+    }
+}
+
+#[cfg(test)]
+mod slab_path_tests {
+    use std::sync::Arc;
+
+    use gen_device::sim::SimDevice;
+    use gen_device::Device;
+
+    use super::*;
+
+    fn pool() -> Pool {
+        let dev = Arc::new(SimDevice::config().capacity(1 << 30).build().unwrap());
+        Pool::new(dev as Arc<dyn Device>, Config::default()).unwrap()
+    }
+
+    #[test]
+    fn the_short_lived_free_gives_what_the_general_path_gave() {
+        let p = pool();
+        let b = p.alloc(1000, 7, Hint::NONE).unwrap();
+        assert_eq!((b.tier, b.size), (Tier::Slab, 1024));
+        assert_eq!(p.allocated(), 1024);
+        let lb = p.free_owned(b.ptr).unwrap();
+        let want = LiveBlock {
+            ptr: b.ptr,
+            size: 1024,
+            requested: 1000,
+            tier: Tier::Slab,
+            stream: 7,
+        };
+        assert_eq!(lb, want);
+        assert_eq!(p.allocated(), 0);
+        let s = p.stats();
+        assert_eq!((s.num_allocs, s.num_frees, s.num_invalid_frees), (1, 1, 0));
+    }
+
+    #[test]
+    fn a_slab_block_freed_behind_its_record_is_refused_as_a_double_free() {
+        // Two threads freeing one block at once may both find its record live; the slab's own flag
+        // lets one through. Here the first free's slab half has happened, the record still says live.
+        let p = pool();
+        let b = p.alloc(1000, 0, Hint::NONE).unwrap();
+        p.slab.free(b.ptr, 0).unwrap();
+        assert!(matches!(
+            p.free(b.ptr, 0),
+            Err(GenpoolError::InvalidFree {
+                fault: FreeFault::DoubleFree,
+                ..
+            })
+        ));
+        assert_eq!(p.stats().num_invalid_frees, 1);
+        // The slot went back to the slab once: two allocations of its class get two blocks.
+        let c = p.alloc(1000, 0, Hint::NONE).unwrap();
+        let d = p.alloc(1000, 0, Hint::NONE).unwrap();
+        assert_ne!(c.ptr, d.ptr);
+        assert!([c.ptr, d.ptr].contains(&b.ptr));
+        p.free(c.ptr, 0).unwrap();
+        p.free(d.ptr, 0).unwrap();
     }
 }

@@ -101,10 +101,34 @@ impl SlabBook {
     /// not live here — the caller then asks the address map).
     #[inline]
     pub(crate) fn take(&self, slab: &Slab, ptr: u64) -> Option<Meta> {
-        let (ci, slot) = slab.slot_of(ptr)?;
-        let e = self.entry(ci, slot)?;
-        let w = e.word.swap(0, Relaxed);
-        (w & LIVE != 0).then(|| meta(w, e.stream.load(Relaxed)))
+        match self.take_raw(slab, ptr) {
+            (0, _) => None,
+            (word, stream) => Some(meta(word, stream)),
+        }
+    }
+
+    /// [`take`](Self::take) as the entry's two words — `(LIVE | slack << 32 | size, stream)`, or
+    /// `(0, 0)` when there is no record — returned in registers: the short-lived free path reads the
+    /// size and stream from them instead of a [`Meta`] built on the stack (whose wide reloads of narrow
+    /// stores stalled the free). [`SlabWord`] reads them.
+    ///
+    /// A load and a store, not a swap: the slot's owner is the one thread freeing it; two threads
+    /// freeing the same block at once (a double free racing itself) may both read it live, and the
+    /// slab's own `live` flag — swapped, the arbiter — refuses the second.
+    #[inline]
+    pub(crate) fn take_raw(&self, slab: &Slab, ptr: u64) -> (u64, u64) {
+        let Some(e) = slab
+            .slot_of(ptr)
+            .and_then(|(ci, slot)| self.entry(ci, slot))
+        else {
+            return (0, 0);
+        };
+        let w = e.word.load(Relaxed);
+        if w & LIVE == 0 {
+            return (0, 0);
+        }
+        e.word.store(0, Relaxed);
+        (w, e.stream.load(Relaxed))
     }
 
     /// The record of the live block at `ptr`, left in place.
@@ -134,7 +158,26 @@ impl SlabBook {
     }
 }
 
-fn meta(word: u64, stream: u64) -> Meta {
+/// The fields of an entry's first word ([`SlabBook::take_raw`]).
+#[derive(Clone, Copy)]
+pub(crate) struct SlabWord(pub(crate) u64);
+
+impl SlabWord {
+    /// Bytes the block spans.
+    #[inline]
+    pub(crate) fn size(self) -> u64 {
+        self.0 & 0xFFFF_FFFF
+    }
+
+    /// Bytes asked for.
+    #[inline]
+    pub(crate) fn requested(self) -> u64 {
+        self.size() - ((self.0 >> 32) & 0xFFFF)
+    }
+}
+
+/// The engine's record of a slab block from its entry's words.
+pub(crate) fn meta(word: u64, stream: u64) -> Meta {
     Meta {
         size: word & 0xFFFF_FFFF,
         tier: Tier::Slab,
