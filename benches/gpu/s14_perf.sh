@@ -18,6 +18,14 @@ prof() { # name, freq, command...
   $PERF report -i /tmp/$n.data --no-children --percent-limit 2 --stdio -g caller,0.5,callee --max-stack 6 2>/dev/null | head -150 > "$OUT/$n.calls.txt"
   rm -f /tmp/$n.data
 }
+# The short-lived path at 1 and 16 threads: the session's start (s13), its engine fast path (fast,
+# b677961) and the line-aligned slab runs on top (new), interleaved.
+for r in 1 2 3; do for b in s13 fast new; do for m in pool slab; do
+  [ "$b:$m" = "s13:slab" ] && continue
+  echo "round $r $b $m $(GENPOOL_THREADS_MODE=$m GENPOOL_HANDOFF=0 timeout 30 "$G"/bin/threads-$b 2000000 1 16 2>&1 | tr '\n' ' ')" >> "$OUT/ab16.txt"
+done; done; done
+for b in s13 new; do echo "$b handoff4 $(GENPOOL_HANDOFF=4 timeout 30 "$G"/bin/threads-$b 2000000 1 16 2>&1 | tr '\n' ' ')" >> "$OUT/ab16.txt"; done
+cat "$OUT/ab16.txt"
 GENPOOL_THREADS_MODE=slab GENPOOL_HANDOFF=0 prof slab16 4999 "$G"/bin/threads-new 4000000 16
 GENPOOL_THREADS_MODE=slab-per-thread GENPOOL_HANDOFF=0 prof slabown16 4999 "$G"/bin/threads-new 4000000 16
 GENPOOL_THREADS_MODE=pool GENPOOL_HANDOFF=0 prof pool16 4999 "$G"/bin/threads-new 4000000 16
