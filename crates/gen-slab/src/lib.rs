@@ -58,10 +58,9 @@
 #![warn(missing_docs)]
 
 mod class;
-mod live;
 
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize};
 use std::sync::{Arc, OnceLock};
 
 use gen_device::{Device, EventHandle, StreamId};
@@ -71,7 +70,6 @@ use parking_lot::Mutex;
 
 use crate::class::Divisor;
 pub use crate::class::{SizeClasses, MIN_CLASS};
-use crate::live::{LiveFlags, RUN};
 
 /// Distinct streams with their own free lists; further streams take the slow overflow path.
 pub const STREAM_SLOTS: usize = 8;
@@ -120,7 +118,7 @@ impl Default for SlabConfig {
             max_slots_per_class: 1 << 18,
             chunk_bytes: 0,
             shards: 0,
-            shard_capacity: RUN,
+            shard_capacity: 63,
         }
     }
 }
@@ -208,7 +206,7 @@ struct Class {
     offset: u64,
     chunk_len: u64,
     /// 1 while the slot is live (handed out and not freed).
-    live: LiveFlags,
+    live: Box<[AtomicU8]>,
     slots_per_chunk: u32,
     capacity: u32,
     /// Lists `0..STREAM_SLOTS` per stream slot, `IDLE` the idle list; built on first use.
@@ -374,7 +372,7 @@ impl Slab {
                 capacity: capacity as u32,
                 chunk_len: spc * size,
                 lists: Default::default(),
-                live: LiveFlags::new(capacity as usize),
+                live: (0..capacity).map(|_| AtomicU8::new(0)).collect(),
                 slow: Mutex::new(ClassSlow {
                     carved: 0,
                     committed: Vec::new(),
@@ -482,7 +480,7 @@ impl Slab {
             Some(l) => l,
             None => self.init_list(c, t)?,
         };
-        if c.live.get(slot).swap(0, AcqRel) == 0 {
+        if c.live[slot as usize].swap(0, AcqRel) == 0 {
             return Err(TierError::InvalidFree {
                 ptr,
                 reason: "not allocated (double free?)",
@@ -564,9 +562,8 @@ impl Slab {
                 ..ClassStats::default()
             };
             for (k, _) in g.committed.iter().enumerate().filter(|(_, &on)| on) {
-                let live = c
-                    .live
-                    .range(k * spc..(k + 1) * spc)
+                let live = c.live[k * spc..(k + 1) * spc]
+                    .iter()
                     .filter(|b| b.load(Relaxed) != 0)
                     .count();
                 cs.chunks += 1;
@@ -589,11 +586,11 @@ impl Slab {
     fn hand_out(&self, c: &Class, slot: u32) -> u64 {
         // The slot is ours alone (popped from a list): a plain store, no read-modify-write.
         debug_assert_eq!(
-            c.live.get(slot).load(Relaxed),
+            c.live[slot as usize].load(Relaxed),
             0,
             "slot {slot} handed out twice"
         );
-        c.live.get(slot).store(1, Relaxed);
+        c.live[slot as usize].store(1, Relaxed);
         self.base + c.offset + u64::from(slot) * c.size
     }
 
@@ -861,17 +858,12 @@ impl Slab {
         let first = k * c.slots_per_chunk;
         g.scratch.clear();
         g.scratch.extend(first + 1..first + c.slots_per_chunk);
-        // The carving thread keeps the slots up to the end of `first`'s live-flag line in its shard (its
-        // slots neighbours, not another thread's); the rest are for every thread, pushed lowest on top so
-        // that the runs of `RUN` other threads take start on line boundaries (`live.rs`: two threads'
-        // slots on one line of flags cost both a cache miss a call).
-        let list = match for_stream {
-            Some((own, _, _)) if ordered => own,
-            _ => idle,
-        };
-        let near = (RUN - 1 - first as usize % RUN).min(g.scratch.len());
-        list.push_run_near(&g.scratch[..near]);
-        list.global().push_chain(&g.scratch[near..]);
+        // The carving thread keeps the chunk's first run in its shard (its slots neighbours, not another
+        // thread's), the rest is for every thread.
+        match for_stream {
+            Some((own, _, _)) if ordered => own.push_run_near(&g.scratch),
+            _ => idle.push_run_near(&g.scratch),
+        }
         Ok(first)
     }
 
@@ -1006,7 +998,7 @@ impl Slab {
         stream: StreamId,
     ) -> Result<u64, TierError> {
         let mut g = c.slow.lock();
-        if c.live.get(slot).load(Relaxed) == 0 {
+        if c.live[slot as usize].load(Relaxed) == 0 {
             return Err(TierError::InvalidFree {
                 ptr,
                 reason: "not allocated (double free?)",
@@ -1019,7 +1011,7 @@ impl Slab {
             .into());
         }
         let event = self.record(stream)?;
-        if c.live.get(slot).swap(0, AcqRel) == 0 {
+        if c.live[slot as usize].swap(0, AcqRel) == 0 {
             // A concurrent free of the same pointer won: that one owns the slot.
             self.events.lock().push(event);
             return Err(TierError::InvalidFree {
@@ -1048,8 +1040,8 @@ impl Slab {
         // outcome: a slot between its list and its live flag is in neither, so its chunk stays either way.
         let spc = c.slots_per_chunk as usize;
         let may_be_empty = |k: usize| {
-            c.live
-                .range(k * spc..(k + 1) * spc)
+            c.live[k * spc..(k + 1) * spc]
+                .iter()
                 .all(|b| b.load(Relaxed) == 0)
         };
         if g.pending.is_empty()
@@ -1179,9 +1171,8 @@ impl Slab {
         }
         let mut freed_pages = 0u64;
         for k in (0..reclaim.len()).filter(|&k| reclaim[k]) {
-            debug_assert!(c
-                .live
-                .range(k * spc as usize..(k + 1) * spc as usize)
+            debug_assert!(c.live[k * spc as usize..(k + 1) * spc as usize]
+                .iter()
                 .all(|b| b.load(Relaxed) == 0));
             let (off, len) = (c.offset + k as u64 * c.chunk_len, c.chunk_len);
             match stamp[k].filter(|_| !synced) {
