@@ -522,7 +522,7 @@ pub extern "C" fn genpool_backend_cache_info(device: c_int) -> u64 {
                 .mem_info()
                 .map_err(|source| PluginError::Open {
                     index: state.index(),
-                    source,
+                    source: Box::new(source),
                 })?
                 .0;
             let mut best = free + idle;

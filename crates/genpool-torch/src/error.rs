@@ -19,14 +19,14 @@ pub enum PluginError {
     BadDeviceKind(String),
     /// `GENPOOL_CONF` does not parse.
     #[error("bad GENPOOL_CONF: {0}")]
-    Config(#[from] ConfigError),
+    Config(Box<ConfigError>),
     /// The device could not be opened (no driver, no such GPU ...).
     #[error("cannot open device {index}: {source}")]
     Open {
         /// The device index.
         index: usize,
         /// Why.
-        source: DeviceError,
+        source: Box<DeviceError>,
     },
     /// The engine refused (out of memory, invalid size, invalid free ...).
     #[error(transparent)]
@@ -38,7 +38,7 @@ pub enum PluginError {
         /// The block.
         ptr: u64,
         /// The device call that failed.
-        source: DeviceError,
+        source: Box<DeviceError>,
     },
     /// An allocation that would take the device's live bytes past the memory-fraction cap.
     #[error("out of memory: {requested} B requested with {allocated} B allocated would exceed the memory-fraction cap of {cap} B")]
@@ -79,7 +79,7 @@ pub enum PluginError {
         /// The tag.
         tag: String,
         /// Why.
-        source: SleepError,
+        source: Box<SleepError>,
     },
     /// A block that cannot be sent to another process (CUDA IPC): not a live block of genpool's, or its
     /// pages cannot be exported.
@@ -97,7 +97,7 @@ pub enum PluginError {
         /// The step that failed.
         what: &'static str,
         /// The device or OS error.
-        source: DeviceError,
+        source: Box<DeviceError>,
     },
     /// Opening a device's memory to a peer device failed.
     #[error("giving device {peer} access to device {device}'s memory: {why}")]
@@ -117,4 +117,12 @@ pub enum PluginError {
         /// The panic message.
         message: String,
     },
+}
+
+// The rare errors that carry strings are boxed so that every entry point's `Result` stays small (see
+// `genpool::GenpoolError`).
+impl From<ConfigError> for PluginError {
+    fn from(e: ConfigError) -> Self {
+        PluginError::Config(Box::new(e))
+    }
 }

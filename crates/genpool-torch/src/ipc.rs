@@ -138,7 +138,7 @@ struct Import {
 static IMPORTS: Mutex<Vec<Import>> = Mutex::new(Vec::new());
 
 fn ipc(what: &'static str) -> impl Fn(gen_device::DeviceError) -> PluginError {
-    move |source| PluginError::Ipc { what, source }
+    move |source| PluginError::Ipc { what, source: Box::new(source) }
 }
 
 /// Release what an import made so far: mappings of `mapped` bytes at `va`, the reservation, handles.
@@ -166,13 +166,13 @@ fn open(state: &DeviceState, pid: i32, page: u64, fds: &[c_int]) -> Result<u64, 
     if fds.is_empty() || page == 0 || gran == 0 || page % gran != 0 {
         return Err(PluginError::Ipc {
             what: "the handle",
-            source: gen_device::DeviceError::InvalidArgument {
+            source: Box::new(gen_device::DeviceError::InvalidArgument {
                 call: "genpool_ipc_open",
                 detail: format!(
                     "{} pages of {page:#x} bytes (this device maps multiples of {gran:#x})",
                     fds.len()
                 ),
-            },
+            }),
         });
     }
     let sender = ProcessFds::open(pid).map_err(ipc("opening the sending process"))?;

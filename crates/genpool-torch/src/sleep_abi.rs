@@ -305,7 +305,7 @@ fn pools_of(id: u32) -> Vec<TagEngine> {
 fn tag_err(id: u32, e: SleepError) -> PluginError {
     PluginError::Sleep {
         tag: name_of(id),
-        source: e,
+        source: Box::new(e),
     }
 }
 
@@ -385,7 +385,7 @@ fn code(e: &PluginError) -> c_int {
     match e {
         PluginError::BadTag(_) => GENPOOL_ERR_INVALID,
         PluginError::UnknownTag(_) => GENPOOL_ERR_UNKNOWN_TAG,
-        PluginError::Sleep { source, .. } => match source {
+        PluginError::Sleep { source, .. } => match **source {
             SleepError::AlreadyAsleep => GENPOOL_ERR_ASLEEP,
             SleepError::NotAsleep => GENPOOL_ERR_NOT_ASLEEP,
             SleepError::Capturing => GENPOOL_ERR_CAPTURING,

@@ -978,7 +978,10 @@ impl<O: Opener> Pools<O> {
             Err(e) if dev.captures().active() => {
                 // The synchronize fallback would invalidate the capture.
                 log::error!("genpool: event ordering for {ptr:#x} failed during a capture: {e}");
-                Err(GenpoolError::StreamOrder { ptr, source: e })
+                Err(GenpoolError::StreamOrder {
+                    ptr,
+                    source: Box::new(e),
+                })
             }
             Err(e) => {
                 log::warn!(
@@ -986,7 +989,10 @@ impl<O: Opener> Pools<O> {
                 );
                 slot.sync_fallbacks.fetch_add(1, Relaxed);
                 dev.synchronize()
-                    .map_err(|source| GenpoolError::StreamOrder { ptr, source })?;
+                    .map_err(|source| GenpoolError::StreamOrder {
+                        ptr,
+                        source: Box::new(source),
+                    })?;
                 Ok(true)
             }
         }

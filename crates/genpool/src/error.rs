@@ -104,7 +104,7 @@ pub enum GenpoolError {
     },
     /// A device call failed.
     #[error("device error: {0}")]
-    Device(#[from] DeviceError),
+    Device(Box<DeviceError>),
     /// A block used on other streams whose free could not be ordered after their work (neither an event
     /// nor a device synchronize worked): it is kept (leaked) rather than risk reuse while a kernel still
     /// uses it.
@@ -113,11 +113,11 @@ pub enum GenpoolError {
         /// The block.
         ptr: u64,
         /// The device call that failed.
-        source: DeviceError,
+        source: Box<DeviceError>,
     },
     /// Bad configuration.
     #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
+    Config(Box<crate::config::ConfigError>),
     /// An allocation from a pool that is asleep ([`Pool::sleep`](crate::Pool::sleep)): its physical
     /// memory is given back until [`Pool::wake`](crate::Pool::wake).
     #[error("the pool is asleep: allocations are refused until it is woken")]
@@ -136,6 +136,20 @@ pub enum GenpoolError {
         /// Why not.
         reason: &'static str,
     },
+}
+
+// Boxed, the rare errors that carry strings keep every `Result` of the engine's calls small: the hot
+// paths return them through several layers, and a 72-byte error made each layer copy ~80 bytes.
+impl From<DeviceError> for GenpoolError {
+    fn from(e: DeviceError) -> Self {
+        GenpoolError::Device(Box::new(e))
+    }
+}
+
+impl From<crate::config::ConfigError> for GenpoolError {
+    fn from(e: crate::config::ConfigError) -> Self {
+        GenpoolError::Config(Box::new(e))
+    }
 }
 
 impl GenpoolError {

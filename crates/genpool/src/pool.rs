@@ -197,7 +197,7 @@ impl Pool {
             },
         )
         .map_err(|e| match e {
-            VmmError::Device(d) => GenpoolError::Device(d),
+            VmmError::Device(d) => GenpoolError::from(d),
             other => tier_err(other),
         })?;
         let page = pages.page_size();

@@ -71,7 +71,7 @@ impl From<TierError> for GenpoolError {
     fn from(e: TierError) -> Self {
         match e {
             TierError::Vmm(gen_vmm::VmmError::Device(d)) | TierError::Device(d) => {
-                GenpoolError::Device(d)
+                GenpoolError::from(d)
             }
             TierError::Vmm(gen_vmm::VmmError::Capturing(what)) => GenpoolError::Capturing(what),
             TierError::Unplaceable { ptr, size, reason } => {
@@ -84,7 +84,7 @@ impl From<TierError> for GenpoolError {
 
 /// A tier's or the page layer's error with no device error inside, as the engine reports it.
 pub(crate) fn tier_err(e: impl std::fmt::Display) -> GenpoolError {
-    GenpoolError::Device(gen_device::DeviceError::InvalidArgument {
+    GenpoolError::from(gen_device::DeviceError::InvalidArgument {
         call: "tier",
         detail: e.to_string(),
     })

@@ -211,7 +211,7 @@ fn a_device_that_fails_to_open_fails_alone() {
     for _ in 0..2 {
         assert_eq!(
             pools.alloc(1, 512, 0, Hint::NONE).unwrap_err(),
-            GenpoolError::Device(DeviceError::InvalidDevice {
+            GenpoolError::from(DeviceError::InvalidDevice {
                 ordinal: 1,
                 count: 1
             })
