@@ -138,7 +138,10 @@ struct Import {
 static IMPORTS: Mutex<Vec<Import>> = Mutex::new(Vec::new());
 
 fn ipc(what: &'static str) -> impl Fn(gen_device::DeviceError) -> PluginError {
-    move |source| PluginError::Ipc { what, source: Box::new(source) }
+    move |source| PluginError::Ipc {
+        what,
+        source: Box::new(source),
+    }
 }
 
 /// Release what an import made so far: mappings of `mapped` bytes at `va`, the reservation, handles.

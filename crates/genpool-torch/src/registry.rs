@@ -50,7 +50,10 @@ impl Opener for PluginOpener {
             let cfg = Config::from_env()?;
             let device =
                 genpool::devices::open_device(backend, index, gen_device::sim::DEFAULT_CAPACITY)
-                    .map_err(|source| PluginError::Open { index, source: Box::new(source) })?;
+                    .map_err(|source| PluginError::Open {
+                        index,
+                        source: Box::new(source),
+                    })?;
             build(index, device, cfg)
         })();
         if let Err(e) = &res {
