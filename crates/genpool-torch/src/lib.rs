@@ -10,7 +10,8 @@
 //! - Failures return NULL / 0 and leave a message for [`genpool_last_error`]; logging (`env_logger`) is
 //!   off unless `GENPOOL_LOG` is set (e.g. `GENPOOL_LOG=info`).
 //! - Refused frees (foreign or double) are counted and logged once per pointer, never a crash.
-//! - `GENPOOL_TIMING=1` times every `genpool_malloc` / `genpool_free` on the host (calls, total and
+//! - `GENPOOL_TIMING=1` times every allocation and free on the host — the pluggable hook's `genpool_malloc` /
+//!   `genpool_free` and the backend's `genpool_backend_malloc` / `genpool_backend_free` (calls, total and
 //!   slowest nanoseconds, calls over 10 µs), reported as `host_timing` in [`genpool_stats_json`].
 //! - `Tensor.record_stream` is honoured: see [`genpool_record_stream`].
 //!

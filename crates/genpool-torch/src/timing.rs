@@ -1,8 +1,8 @@
 //! Opt-in host timing of the allocation entry points (`GENPOOL_TIMING=1`).
 //!
-//! Where a training step is host-bound (small models, small batches), every nanosecond spent in
-//! `genpool_malloc` / `genpool_free` is step time. This measures it where it matters: inside the plug-in,
-//! on the real host, under PyTorch's own calls. Off by default — reading the clock twice per call would
+//! Where a training step is host-bound (small models, small batches), every nanosecond spent in the
+//! allocation entry points (the pluggable hook's and the backend's) is step time. This measures it where
+//! it matters: inside the plug-in, on the real host, under PyTorch's own calls. Off by default — reading the clock twice per call would
 //! be a measurable share of a ~100-ns operation; when off, the cost is one relaxed load of a cached flag.
 //!
 //! Counters are process-wide (all devices): calls, total nanoseconds, the slowest call, and how many
@@ -56,9 +56,9 @@ impl Counter {
     }
 }
 
-/// `genpool_malloc`'s counters.
+/// The allocations' counters (`genpool_malloc` and `genpool_backend_malloc`).
 pub(crate) static MALLOC: Counter = Counter::new();
-/// `genpool_free`'s counters.
+/// The frees' counters (`genpool_free` and `genpool_backend_free`).
 pub(crate) static FREE: Counter = Counter::new();
 
 /// Whether timing is on (`GENPOOL_TIMING` set to anything but `0` or empty; read once).
