@@ -128,54 +128,38 @@ pub unsafe extern "C" fn genpool_backend_malloc(
     out: *mut *mut c_void,
 ) -> c_int {
     guard("genpool_backend_malloc", GENPOOL_E_INTERNAL, || {
-        // SAFETY: this function's own contract (`out` NULL or valid for one write) is the body's.
-        timing::timed(&timing::MALLOC, || unsafe {
-            backend_malloc(size, device, pool, stream, out)
+        timing::timed(&timing::MALLOC, || {
+            if out.is_null() {
+                report::set_last_error(&"genpool_backend_malloc: NULL out pointer");
+                return GENPOOL_E_INVALID;
+            }
+            let res = if size == 0 {
+                Err(PluginError::Engine(GenpoolError::InvalidSize {
+                    size: 0,
+                    reason: "zero-byte allocation",
+                }))
+            } else {
+                alloc(size, device, pool, stream)
+            };
+            let (ptr, rc) = match res {
+                // A device address, never dereferenced on the host: an address without provenance.
+                Ok((p, _)) => (std::ptr::without_provenance_mut(p as usize), GENPOOL_OK),
+                Err(e) => {
+                    fail(&e);
+                    let rc = code(&e);
+                    if rc == GENPOOL_E_OOM {
+                        if let Ok(i) = registry::check_index(device.into()) {
+                            COUNTERS[i].ooms.fetch_add(1, Relaxed);
+                        }
+                    }
+                    (std::ptr::null_mut(), rc)
+                }
+            };
+            // SAFETY: `out` is non-null and valid for a write (this function's contract).
+            unsafe { out.write(ptr) };
+            rc
         })
     })
-}
-
-/// [`genpool_backend_malloc`]'s body (timed by `GENPOOL_TIMING`).
-///
-/// # Safety
-/// As [`genpool_backend_malloc`].
-#[inline]
-unsafe fn backend_malloc(
-    size: usize,
-    device: c_int,
-    pool: u64,
-    stream: cudaStream_t,
-    out: *mut *mut c_void,
-) -> c_int {
-    if out.is_null() {
-        report::set_last_error(&"genpool_backend_malloc: NULL out pointer");
-        return GENPOOL_E_INVALID;
-    }
-    let res = if size == 0 {
-        Err(PluginError::Engine(GenpoolError::InvalidSize {
-            size: 0,
-            reason: "zero-byte allocation",
-        }))
-    } else {
-        alloc(size, device, pool, stream)
-    };
-    let (ptr, rc) = match res {
-        // A device address, never dereferenced on the host: an address without provenance.
-        Ok((p, _)) => (std::ptr::without_provenance_mut(p as usize), GENPOOL_OK),
-        Err(e) => {
-            fail(&e);
-            let rc = code(&e);
-            if rc == GENPOOL_E_OOM {
-                if let Ok(i) = registry::check_index(device.into()) {
-                    COUNTERS[i].ooms.fetch_add(1, Relaxed);
-                }
-            }
-            (std::ptr::null_mut(), rc)
-        }
-    };
-    // SAFETY: `out` is non-null and valid for a write (this function's contract).
-    unsafe { out.write(ptr) };
-    rc
 }
 
 /// What a free gave back, for the profiler and the trace.
@@ -234,46 +218,38 @@ fn trim_engine(index: usize, id: u64) -> u64 {
 #[no_mangle]
 pub unsafe extern "C" fn genpool_backend_free(ptr: *mut c_void, freed: *mut GenpoolFreed) -> c_int {
     guard("genpool_backend_free", GENPOOL_E_INTERNAL, || {
-        // SAFETY: this function's own contract (`freed` NULL or valid for one write) is the body's.
-        timing::timed(&timing::FREE, || unsafe { backend_free(ptr, freed) })
-    })
-}
-
-/// [`genpool_backend_free`]'s body (timed by `GENPOOL_TIMING`).
-///
-/// # Safety
-/// As [`genpool_backend_free`].
-#[inline]
-unsafe fn backend_free(ptr: *mut c_void, freed: *mut GenpoolFreed) -> c_int {
-    if ptr.is_null() {
-        return GENPOOL_OK;
-    }
-    let addr = ptr.addr() as u64;
-    match free(addr) {
-        Ok((device, b, pool)) => {
-            if !freed.is_null() {
-                let f = GenpoolFreed {
-                    device: device as c_int,
-                    size: b.size,
-                    requested: b.requested,
-                    stream: b.stream,
-                    pool,
-                };
-                // SAFETY: non-null and valid for a write (this function's contract).
-                unsafe { freed.write(f) };
+        timing::timed(&timing::FREE, || {
+            if ptr.is_null() {
+                return GENPOOL_OK;
             }
-            GENPOOL_OK
-        }
-        Err(e @ PluginError::Engine(GenpoolError::InvalidFree { .. })) => {
-            report::set_last_error(&e);
-            report::invalid_free(-1, addr, &e);
-            GENPOOL_E_FREE
-        }
-        Err(e) => {
-            fail(&e);
-            code(&e)
-        }
-    }
+            let addr = ptr.addr() as u64;
+            match free(addr) {
+                Ok((device, b, pool)) => {
+                    if !freed.is_null() {
+                        let f = GenpoolFreed {
+                            device: device as c_int,
+                            size: b.size,
+                            requested: b.requested,
+                            stream: b.stream,
+                            pool,
+                        };
+                        // SAFETY: non-null and valid for a write (this function's contract).
+                        unsafe { freed.write(f) };
+                    }
+                    GENPOOL_OK
+                }
+                Err(e @ PluginError::Engine(GenpoolError::InvalidFree { .. })) => {
+                    report::set_last_error(&e);
+                    report::invalid_free(-1, addr, &e);
+                    GENPOOL_E_FREE
+                }
+                Err(e) => {
+                    fail(&e);
+                    code(&e)
+                }
+            }
+        })
+    })
 }
 
 /// A live block, as [`genpool_backend_block`] and [`genpool_backend_snapshot`] describe it.
