@@ -450,14 +450,8 @@ impl Pool {
         // route, no ladder. Anything else (a slab that would grow, a full class) takes the general path.
         if size <= self.hot.slab_max && self.hot.routing == Routing::Single {
             if let Ok(ptr) = self.slab.alloc(size, stream, self.pages.slack() > 0.0) {
-                let slack = (size - requested) as u16;
-                if !self.slab_book.set(&self.slab, ptr, size, slack, stream) {
-                    // Not a slot of the book (never: the slab just handed it out): the address map.
-                    self.meta.insert(
-                        ptr,
-                        crate::slabbook::meta(size | u64::from(slack) << 32, stream),
-                    );
-                }
+                let word = SlabWord::live(size, (size - requested) as u16);
+                self.record(ptr, crate::slabbook::meta(word.0, stream));
                 self.books.add(Tier::Slab as usize, size);
                 return Ok(Block {
                     ptr,
@@ -594,13 +588,34 @@ impl Pool {
             // a capture deferred, retried with them, rather than lost.
             Err(e) => log::error!("genpool: giving back kept block {:#x}: {e}", k.ptr),
         }
-        self.deferred.lock().push(Deferred {
+        self.defer(Deferred {
             ptr: k.ptr,
             size: k.size,
             tier: Tier::Extent,
             stream: k.stream,
         });
-        self.deferred_bytes.fetch_add(k.size, Relaxed);
+    }
+
+    /// Keep a freed block out of its tier until [`give_back_deferred`](Self::give_back_deferred) can
+    /// return it (after a capture, or a retry of an ordering that failed), counted as held.
+    fn defer(&self, d: Deferred) {
+        let size = d.size;
+        self.deferred.lock().push(d);
+        self.deferred_bytes.fetch_add(size, Relaxed);
+    }
+
+    /// What every free does before its tier sees the block: the run of large allocations since the
+    /// last free ends, `stream` is noted (a second stream changes the regime before any reuse), and once
+    /// several streams are seen the blocks a capture deferred go back.
+    #[inline]
+    fn on_free_stream(&self, stream: StreamId) {
+        if self.hot.large_since_free.load(Relaxed) != 0 {
+            self.hot.large_since_free.store(0, Relaxed);
+        }
+        self.note_stream(stream);
+        if self.hot.multi_stream.load(Relaxed) && self.deferred_bytes.load(Relaxed) != 0 {
+            self.give_back_deferred();
+        }
     }
 
     /// Give every block the threads' caches keep back to its arena; returns how many.
@@ -873,13 +888,7 @@ impl Pool {
         };
         let size = meta.size;
         let stream = stream.unwrap_or(meta.stream);
-        if self.hot.large_since_free.load(Relaxed) != 0 {
-            self.hot.large_since_free.store(0, Relaxed);
-        }
-        self.note_stream(stream);
-        if self.hot.multi_stream.load(Relaxed) && self.deferred_bytes.load(Relaxed) != 0 {
-            self.give_back_deferred();
-        }
+        self.on_free_stream(stream);
         self.learn(&meta.stamp, size);
         // Several threads allocating at once: the freeing thread keeps its own-stream large block for
         // its next allocation of that size (`tcache.rs`). A record names its thread only for an extent
@@ -915,13 +924,12 @@ impl Pool {
                         // The block's reuse by another stream would need an ordering a capture forbids:
                         // it goes back to its tier at the first call after the capture.
                         log::debug!("genpool: free of {ptr:#x} deferred during a capture ({why})");
-                        self.deferred.lock().push(Deferred {
+                        self.defer(Deferred {
                             ptr,
                             size,
                             tier: t,
                             stream,
                         });
-                        self.deferred_bytes.fetch_add(size, Relaxed);
                         Ok(())
                     }
                     r => r.map_err(GenpoolError::from),
@@ -952,25 +960,18 @@ impl Pool {
         alloc_stream: StreamId,
     ) -> Result<LiveBlock> {
         let w = SlabWord(word);
-        if self.hot.large_since_free.load(Relaxed) != 0 {
-            self.hot.large_since_free.store(0, Relaxed);
-        }
-        self.note_stream(stream);
-        if self.hot.multi_stream.load(Relaxed) && self.deferred_bytes.load(Relaxed) != 0 {
-            self.give_back_deferred();
-        }
+        self.on_free_stream(stream);
         match self.slab.free(ptr, stream) {
             Ok(_) => {}
             Err(TierError::Vmm(VmmError::Capturing(why))) => {
                 // As in `free_in`: back to the slab at the first call after the capture.
                 log::debug!("genpool: free of {ptr:#x} deferred during a capture ({why})");
-                self.deferred.lock().push(Deferred {
+                self.defer(Deferred {
                     ptr,
                     size: w.size(),
                     tier: Tier::Slab,
                     stream,
                 });
-                self.deferred_bytes.fetch_add(w.size(), Relaxed);
             }
             Err(TierError::InvalidFree { .. }) => {
                 // The slab's live flag says the slot is free: a double free racing the first one on

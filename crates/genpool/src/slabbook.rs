@@ -90,10 +90,7 @@ impl SlabBook {
             return false;
         };
         e.stream.store(stream, Relaxed);
-        e.word.store(
-            LIVE | u64::from(slack) << 32 | (size & 0xFFFF_FFFF),
-            Relaxed,
-        );
+        e.word.store(SlabWord::live(size, slack).0, Relaxed);
         true
     }
 
@@ -158,33 +155,46 @@ impl SlabBook {
     }
 }
 
-/// The fields of an entry's first word ([`SlabBook::take_raw`]).
+/// An entry's first word, `LIVE | slack << 32 | size` ([`SlabBook::set`], [`SlabBook::take_raw`]).
 #[derive(Clone, Copy)]
 pub(crate) struct SlabWord(pub(crate) u64);
 
 impl SlabWord {
+    /// The word of a live block of `size` bytes (< 4 GiB: a slab class), `slack` of them not asked for.
+    #[inline]
+    pub(crate) fn live(size: u64, slack: u16) -> Self {
+        SlabWord(LIVE | u64::from(slack) << 32 | (size & 0xFFFF_FFFF))
+    }
+
     /// Bytes the block spans.
     #[inline]
     pub(crate) fn size(self) -> u64 {
         self.0 & 0xFFFF_FFFF
     }
 
+    /// Bytes of the span not asked for (the rounding).
+    #[inline]
+    pub(crate) fn slack(self) -> u16 {
+        (self.0 >> 32) as u16
+    }
+
     /// Bytes asked for.
     #[inline]
     pub(crate) fn requested(self) -> u64 {
-        self.size() - ((self.0 >> 32) & 0xFFFF)
+        self.size() - u64::from(self.slack())
     }
 }
 
 /// The engine's record of a slab block from its entry's words.
 pub(crate) fn meta(word: u64, stream: u64) -> Meta {
+    let w = SlabWord(word);
     Meta {
-        size: word & 0xFFFF_FFFF,
+        size: w.size(),
         tier: Tier::Slab,
         stamp: Stamp::NONE,
         ticket: gen_plan::Ticket::NONE,
         stream,
-        slack: (word >> 32) as u16,
+        slack: w.slack(),
         thread: crate::meta::NO_THREAD,
     }
 }
