@@ -178,6 +178,7 @@ pub struct GenpoolFreed {
     pub pool: u64,
 }
 
+#[inline(always)]
 pub(crate) fn free(ptr: u64) -> Result<(usize, LiveBlock, u64), PluginError> {
     // Whichever device and engine hold it; uses recorded by `genpool_record_stream` are waited for
     // first (on failure the block stays allocated, leaked: reusing it could race a kernel on them).

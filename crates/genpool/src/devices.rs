@@ -700,7 +700,7 @@ impl<O: Opener> Pools<O> {
 
     /// Free the block at `ptr` on the stream it was allocated for ([`Pool::free_owned`]), wherever it
     /// lives, as [`Pools::free`]; also returns what the block was.
-    #[inline]
+    #[inline(always)]
     pub fn free_owned(&self, ptr: u64) -> std::result::Result<(Freed, LiveBlock), O::Error> {
         match self.free_in(ptr, None, None) {
             Ok((f, Some(b))) => Ok((f, b)),
@@ -709,7 +709,11 @@ impl<O: Opener> Pools<O> {
         }
     }
 
-    #[inline]
+    // `free_in`, `free_at`, `free_now` and `Pool::free_in` are inlined into the caller: the block comes
+    // back through three `Result`s, and each one returned through memory was copied with loads that
+    // straddle the stores that wrote it (a failed store forward, ~12 cycles each; PyTorch's raw_delete
+    // through `benches/host/abi_replay.c`, simulator: gpt2_generate_kv 100.6 → 98.0 ns a call).
+    #[inline(always)]
     fn free_in(
         &self,
         ptr: u64,
@@ -781,7 +785,7 @@ impl<O: Opener> Pools<O> {
     }
 
     /// Free `ptr` in `home`, after its recorded uses if it has any.
-    #[inline]
+    #[inline(always)]
     fn free_at(
         &self,
         owner: usize,
@@ -797,7 +801,7 @@ impl<O: Opener> Pools<O> {
         self.free_now(owner, &home, ptr, stream)
     }
 
-    #[inline]
+    #[inline(always)]
     fn free_now(
         &self,
         owner: usize,

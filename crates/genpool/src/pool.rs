@@ -849,10 +849,12 @@ impl Pool {
     /// Free a block on the stream it was allocated for (PyTorch's rule: a tensor's memory is reusable on
     /// its allocation stream at once; other streams are ordered through `record_stream`). Returns what
     /// the block was. Refusals as [`free`](Self::free).
+    #[inline]
     pub fn free_owned(&self, ptr: u64) -> Result<LiveBlock> {
         self.free_in(ptr, None)
     }
 
+    #[inline(always)]
     fn free_in(&self, ptr: u64, stream: Option<StreamId>) -> Result<LiveBlock> {
         if ptr == 0 {
             self.invalid_frees.fetch_add(1, Relaxed);
