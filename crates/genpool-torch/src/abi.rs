@@ -17,6 +17,9 @@ use crate::timing;
 pub type cudaStream_t = *mut c_void;
 
 /// Run `f` with panics caught: a panic is logged, becomes the last error, and `on_panic` is returned.
+/// Inlined into each entry point: called, it received the entry point's arguments as a closure built on
+/// the stack, whose copy failed store forwarding on every call (`benches/host/abi_replay.c`).
+#[inline(always)]
 pub(crate) fn guard<T>(call: &'static str, on_panic: T, f: impl FnOnce() -> T) -> T {
     let res = catch_unwind(AssertUnwindSafe(|| {
         #[cfg(test)]

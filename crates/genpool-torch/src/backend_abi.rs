@@ -287,7 +287,7 @@ fn block_of(b: &LiveBlock) -> GenpoolBlock {
         requested: b.requested,
         stream: b.stream,
         allocated: 1,
-        tier: tier_code(b.tier),
+        tier: tier_code(b.tier()),
     }
 }
 
@@ -659,7 +659,7 @@ pub(crate) fn snapshot(
     for (id, live) in engines {
         for tier in Tier::ALL {
             let mut cur: Option<GenpoolSegment> = None;
-            for b in live.iter().filter(|b| b.tier == tier) {
+            for b in live.iter().filter(|b| b.tier() == tier) {
                 let start = b.ptr / page * page;
                 let end = (b.ptr + b.size).div_ceil(page) * page;
                 match cur.as_mut() {

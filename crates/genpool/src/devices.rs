@@ -702,11 +702,7 @@ impl<O: Opener> Pools<O> {
     /// lives, as [`Pools::free`]; also returns what the block was.
     #[inline(always)]
     pub fn free_owned(&self, ptr: u64) -> std::result::Result<(Freed, LiveBlock), O::Error> {
-        match self.free_in(ptr, None, None) {
-            Ok((f, Some(b))) => Ok((f, b)),
-            Ok((_, None)) => unreachable!("an owned free returns its block"),
-            Err(e) => Err(e.into()),
-        }
+        self.free_in(ptr, None, None).map_err(O::Error::from)
     }
 
     // `free_in`, `free_at`, `free_now` and `Pool::free_in` are inlined into the caller: the block comes
@@ -719,7 +715,7 @@ impl<O: Opener> Pools<O> {
         ptr: u64,
         near: Option<usize>,
         stream: Option<StreamId>,
-    ) -> Result<(Freed, Option<LiveBlock>)> {
+    ) -> Result<(Freed, LiveBlock)> {
         if ptr == 0 {
             return Err(GenpoolError::InvalidFree {
                 ptr,
@@ -742,11 +738,29 @@ impl<O: Opener> Pools<O> {
             .created()
             .expect("a device with an address range has an engine");
         match self.free_at(owner, Home::Default(pool), ptr, stream) {
-            Err(GenpoolError::InvalidFree {
+            // The success path hands its values straight through (a match arm binding the whole result
+            // made it a copy through memory).
+            Ok(v) => Ok(v),
+            Err(e) => self.free_refused(ptr, owner, stream, e),
+        }
+    }
+
+    /// The default engine of `owner` refused `ptr`: an unknown pointer there may be another device's
+    /// block where ranges meet (freed there); any other refusal stands.
+    #[cold]
+    fn free_refused(
+        &self,
+        ptr: u64,
+        owner: usize,
+        stream: Option<StreamId>,
+        e: GenpoolError,
+    ) -> Result<(Freed, LiveBlock)> {
+        match e {
+            GenpoolError::InvalidFree {
                 fault: FreeFault::Unknown,
                 ..
-            }) if self.owner(ptr).is_some_and(|d| d != owner) => self.free_rerouted(ptr, stream),
-            other => other,
+            } if self.owner(ptr).is_some_and(|d| d != owner) => self.free_rerouted(ptr, stream),
+            e => Err(e),
         }
     }
 
@@ -759,7 +773,7 @@ impl<O: Opener> Pools<O> {
         ptr: u64,
         near: Option<usize>,
         stream: Option<StreamId>,
-    ) -> Result<(Freed, Option<LiveBlock>)> {
+    ) -> Result<(Freed, LiveBlock)> {
         if let Some((d, e)) = self.find_engine(|e| e.bounds.contains(ptr)) {
             return self.free_at(d, Home::Engine(e), ptr, stream);
         }
@@ -774,11 +788,7 @@ impl<O: Opener> Pools<O> {
     /// The block was not in the engine its range pointed to (ranges began to meet while the free was
     /// routed): route it by lookup.
     #[cold]
-    fn free_rerouted(
-        &self,
-        ptr: u64,
-        stream: Option<StreamId>,
-    ) -> Result<(Freed, Option<LiveBlock>)> {
+    fn free_rerouted(&self, ptr: u64, stream: Option<StreamId>) -> Result<(Freed, LiveBlock)> {
         let owner = self.owner(ptr).ok_or_else(|| unknown(ptr))?;
         let pool = self.slots[owner].created().ok_or_else(|| unknown(ptr))?;
         self.free_at(owner, Home::Default(pool), ptr, stream)
@@ -792,7 +802,7 @@ impl<O: Opener> Pools<O> {
         home: Home<'_>,
         ptr: u64,
         stream: Option<StreamId>,
-    ) -> Result<(Freed, Option<LiveBlock>)> {
+    ) -> Result<(Freed, LiveBlock)> {
         if self.hot.used_blocks.load(Relaxed) != 0 {
             if let Some(uses) = self.take_uses(ptr) {
                 return self.free_after_uses(owner, home, ptr, stream, uses);
@@ -808,22 +818,15 @@ impl<O: Opener> Pools<O> {
         home: &Home<'_>,
         ptr: u64,
         stream: Option<StreamId>,
-    ) -> Result<(Freed, Option<LiveBlock>)> {
-        let pool = home.pool();
-        let (size, block) = match stream {
-            Some(s) => (pool.free(ptr, s)?, None),
-            None => {
-                let b = pool.free_owned(ptr)?;
-                (b.size, Some(b))
-            }
-        };
+    ) -> Result<(Freed, LiveBlock)> {
+        let block = home.pool().free_block(ptr, stream)?;
         if let Home::Engine(e) = home {
             self.drop_if_done(owner, e);
         }
         let freed = Freed {
             device: owner,
             engine: home.id(),
-            size,
+            size: block.size,
             deferred: false,
         };
         Ok((freed, block))
@@ -898,7 +901,7 @@ impl<O: Opener> Pools<O> {
         ptr: u64,
         stream: Option<StreamId>,
         uses: Vec<(usize, StreamId)>,
-    ) -> Result<(Freed, Option<LiveBlock>)> {
+    ) -> Result<(Freed, LiveBlock)> {
         let Some(block) = home.pool().lookup_detailed(ptr) else {
             // Not live (cannot happen while uses are dropped with their block): let the engine say why.
             return self.free_now(owner, &home, ptr, stream);
@@ -959,7 +962,7 @@ impl<O: Opener> Pools<O> {
         });
         self.hot.deferred_len.fetch_add(1, Relaxed);
         self.deferred_total.fetch_add(1, Relaxed);
-        Ok((freed, Some(block)))
+        Ok((freed, block))
     }
 
     /// Make `stream` of device `owner` wait for the work queued so far on its stream `other`; where an

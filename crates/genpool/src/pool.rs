@@ -58,7 +58,7 @@ pub struct Block {
 }
 
 /// A live block as the engine records it ([`Pool::live_detailed`], [`Pool::free_owned`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct LiveBlock {
     /// Device address.
     pub ptr: u64,
@@ -66,21 +66,46 @@ pub struct LiveBlock {
     pub size: u64,
     /// Bytes asked for.
     pub requested: u64,
-    /// The tier that serves it.
-    pub tier: Tier,
     /// The stream it was allocated for.
     pub stream: StreamId,
+    /// The tier that serves it ([`LiveBlock::tier`]), as a whole word: the block is returned through
+    /// a `Result` on PyTorch's free path, and a one-byte field's padding was copied with loads that
+    /// straddled the stores of its neighbours — a failed store-to-load forward (~12 cycles) at each
+    /// copy (`benches/host/abi_replay.c`, docs/ARCHITECTURE.md "What PyTorch's path adds").
+    tier: u64,
+}
+
+impl std::fmt::Debug for LiveBlock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LiveBlock")
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("size", &self.size)
+            .field("requested", &self.requested)
+            .field("tier", &self.tier())
+            .field("stream", &self.stream)
+            .finish()
+    }
 }
 
 impl LiveBlock {
-    fn of(ptr: u64, m: &Meta) -> Self {
+    /// A block at `ptr` of `size` bytes (`requested` asked for) from `tier`, allocated for `stream`.
+    pub fn new(ptr: u64, size: u64, requested: u64, tier: Tier, stream: StreamId) -> Self {
         LiveBlock {
             ptr,
-            size: m.size,
-            requested: m.size - u64::from(m.slack),
-            tier: m.tier,
-            stream: m.stream,
+            size,
+            requested,
+            stream,
+            tier: tier as u64,
         }
+    }
+
+    /// The tier that serves it.
+    pub fn tier(&self) -> Tier {
+        Tier::ALL[self.tier as usize]
+    }
+
+    fn of(ptr: u64, m: &Meta) -> Self {
+        Self::new(ptr, m.size, m.size - u64::from(m.slack), m.tier, m.stream)
     }
 }
 
@@ -854,6 +879,13 @@ impl Pool {
         self.free_in(ptr, None)
     }
 
+    /// [`free`](Self::free) on `stream`, or [`free_owned`](Self::free_owned) with `None`, returning the
+    /// block either way (the multi-device layer's one path to the engine's free).
+    #[inline(always)]
+    pub(crate) fn free_block(&self, ptr: u64, stream: Option<StreamId>) -> Result<LiveBlock> {
+        self.free_in(ptr, stream)
+    }
+
     #[inline(always)]
     fn free_in(&self, ptr: u64, stream: Option<StreamId>) -> Result<LiveBlock> {
         if ptr == 0 {
@@ -993,13 +1025,13 @@ impl Pool {
             }
         }
         self.books.sub(Tier::Slab as usize, w.size());
-        Ok(LiveBlock {
+        Ok(LiveBlock::new(
             ptr,
-            size: w.size(),
-            requested: w.requested(),
-            tier: Tier::Slab,
-            stream: alloc_stream,
-        })
+            w.size(),
+            w.requested(),
+            Tier::Slab,
+            alloc_stream,
+        ))
     }
 
     /// Give a block back to its tier. A block of a range several streams use goes back only once the
@@ -1291,13 +1323,7 @@ mod slab_path_tests {
         assert_eq!((b.tier, b.size), (Tier::Slab, 1024));
         assert_eq!(p.allocated(), 1024);
         let lb = p.free_owned(b.ptr).unwrap();
-        let want = LiveBlock {
-            ptr: b.ptr,
-            size: 1024,
-            requested: 1000,
-            tier: Tier::Slab,
-            stream: 7,
-        };
+        let want = LiveBlock::new(b.ptr, 1024, 1000, Tier::Slab, 7);
         assert_eq!(lb, want);
         assert_eq!(p.allocated(), 0);
         let s = p.stats();
