@@ -10,7 +10,8 @@
 //! `pool` (the default: one engine), `pool-per-thread` (an engine per thread, on one device; also
 //! `GENPOOL_POOL_PER_THREAD=1`), `slab` (the slab tier alone, no engine around it), `slab-per-thread`,
 //! and `none` (no allocator: each thread numbers its blocks itself — the harness's own cost and the
-//! machine's scaling ceiling for this loop).
+//! machine's scaling ceiling for this loop). `GENPOOL_THREADS_SCALE=K` multiplies the sizes by K
+//! (1024: 512 KiB – 4 MiB blocks, the extent arena's and page pool's locks under contention).
 
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
@@ -96,6 +97,10 @@ fn run(threads: usize, ops: usize, handoff: usize, mode: &str) -> f64 {
     let queues: Arc<Vec<ArrayQueue<u64>>> =
         Arc::new((0..threads).map(|_| ArrayQueue::new(1 << 16)).collect());
     let start = Arc::new(Barrier::new(threads + 1));
+    let scale: u64 = std::env::var("GENPOOL_THREADS_SCALE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
     let hs: Vec<_> = (0..threads)
         .map(|i| {
             let (pool, queues, start) = (pools[i].clone(), queues.clone(), start.clone());
@@ -104,7 +109,7 @@ fn run(threads: usize, ops: usize, handoff: usize, mode: &str) -> f64 {
                 let mut next = (i as u64) << 40;
                 start.wait();
                 for k in 0..ops / 2 {
-                    let size = SIZES[k % 4];
+                    let size = SIZES[k % 4] * scale;
                     let p = pool.alloc(size, &mut next);
                     ring.push_back(p);
                     if ring.len() > 16 {
