@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Session 15: the session's start and end side by side where hosts are noisy — PyTorch's entry points
+# (torch_replay.py, genpool mode) with bin/libgenpool_torch-s14.so and bin/libgenpool_torch.so, and the
+# engine's CUDA replay with bin/genpool-s14 and bin/genpool, alternated ROUNDS times; expandable_segments
+# and native once per round. Logs under $OUT; the table (min and median over rounds) last.
+set -uo pipefail
+STEPS_DEFAULT=x
+. "$(dirname "$0")/env.sh"
+{ nvidia-smi --query-gpu=name --format=csv,noheader; nproc; } > "$OUT/machine.txt" 2>&1
+tr=(benches/traces/gpt2_generate_kv.csv.gz benches/traces/resnet50_train.csv.gz benches/traces/gpt2_train_fixed.csv.gz)
+for r in $(seq ${ROUNDS:-3}); do
+  for v in s14 new; do
+    lib="$PWD/$G/bin/libgenpool_torch.so"; [ $v = s14 ] && lib="$PWD/$G/bin/libgenpool_torch-s14.so"
+    GENPOOL_LIB="$lib" timeout 80 python3 benches/gpu/torch_replay.py "${tr[@]}" --modes genpool --reps 5 2>> "$OUT/torch.err" |
+      sed "s/^{/{\"v\":\"$v\",\"round\":$r,/" >> "$OUT/torch.jsonl"
+    b=genpool; [ $v = s14 ] && b=genpool-s14
+    timeout 40 "$G"/bin/$b replay "${tr[@]}" --device cuda --passes 5 --json 2>> "$OUT/cli.err" |
+      sed "s/^{/{\"v\":\"$v\",\"round\":$r,/" >> "$OUT/cli.jsonl"
+  done
+  timeout 100 python3 benches/gpu/torch_replay.py "${tr[@]}" --modes native,expandable --reps 5 2>> "$OUT/torch.err" |
+    sed "s/^{/{\"v\":\"anchor\",\"round\":$r,/" >> "$OUT/torch.jsonl"
+done
+cat "$OUT/machine.txt"
+python3 - <<'PY'
+import json, os, statistics, collections
+O = os.environ.get("OUT", "out")
+rows = collections.defaultdict(list)
+for f, kind in (("torch.jsonl", "torch"), ("cli.jsonl", "cli")):
+    try:
+        for l in open(f"{O}/{f}"):
+            try: d = json.loads(l)
+            except ValueError: continue
+            mode = d.get("mode", d.get("allocator", ""))
+            ns = d.get("ns_per_op")
+            if ns is None or ns < 0: continue
+            rows[(kind, d["trace"][:18], mode, d["v"])].append((round(ns), d.get("ratio")))
+    except FileNotFoundError:
+        pass
+for k in sorted(rows):
+    v = [x[0] for x in rows[k]]
+    print(*k, "min", min(v), "median", statistics.median(v), "all", v, "ratio", rows[k][0][1])
+PY
+tail -3 "$OUT/torch.err" "$OUT/cli.err" 2>/dev/null
