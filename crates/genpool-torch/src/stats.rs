@@ -29,17 +29,22 @@ pub struct GenpoolStat {
     pub freed: i64,
 }
 
-/// Figures kept per device: for each of PyTorch's three stat types (all, small, large) a count, bytes
-/// and requested bytes — index `kind * 3 + which`.
+/// Figures reported per device: for each of PyTorch's three stat types (all, small, large) a count,
+/// bytes and requested bytes — index `kind * 3 + which`.
 const FIGURES: usize = 9;
+/// Figures counted: those of the small and the large pool — index `(kind - 1) * 3 + which`. "All" is
+/// their sum, computed when read or checked against its peak: a block changes three counted figures
+/// instead of six, and a large block folds two shared totals instead of four (PyTorch's free path,
+/// `benches/host/abi_replay.c`: gpt2_train_fixed, two thirds of whose blocks are large).
+const COUNTED: usize = 6;
 const COUNT: usize = 0;
 const BYTES: usize = 1;
 const REQUESTED: usize = 2;
 
 /// A thread's balance of a figure past which it folds into the shared total: counts and bytes (a peak
 /// read from a thread's view is within this of the truth per other allocating thread).
-const fn fold_at(figure: usize) -> i64 {
-    if figure % 3 == COUNT {
+const fn fold_at(which: usize) -> i64 {
+    if which == COUNT {
         64
     } else {
         1 << 20
@@ -49,9 +54,9 @@ const fn fold_at(figure: usize) -> i64 {
 /// One thread's share of a device's figures ([`genpool::thread_slot`]: written by that thread alone).
 #[repr(align(64))]
 struct ThreadFigures {
-    current: [AtomicI64; FIGURES],
+    current: [AtomicI64; COUNTED],
     /// Totals removed, as PyTorch's `freed` (accumulated; the reset is a base, see [`DeviceCounters`]).
-    freed: [AtomicI64; FIGURES],
+    freed: [AtomicI64; COUNTED],
     /// The slot's threads ever added here: a slot that only removes (a thread freeing what others
     /// allocated) folds at once, so the allocating thread's view of a peak stays exact.
     added: AtomicBool,
@@ -60,23 +65,24 @@ struct ThreadFigures {
 impl ThreadFigures {
     const fn new() -> Self {
         ThreadFigures {
-            current: [const { AtomicI64::new(0) }; FIGURES],
-            freed: [const { AtomicI64::new(0) }; FIGURES],
+            current: [const { AtomicI64::new(0) }; COUNTED],
+            freed: [const { AtomicI64::new(0) }; COUNTED],
             added: AtomicBool::new(false),
         }
     }
 }
 
 /// One device's figures (PyTorch's `DeviceStats` counts, bytes and requested bytes, by stat type: 0 all
-/// blocks, 1 small, 2 large), counted per thread: each allocation or free updates six figures, and with
-/// one shared atomic per figure every call of every thread wrote the same lines with locked adds
-/// (twelve locked instructions per free). Values read are exact: the shared totals plus every thread's
-/// share. A peak is checked at each allocation against the thread's view — the shared total plus its
-/// own share — so it is exact when one thread allocates, and within [`fold_at`] per other allocating
-/// thread otherwise (the engine's live-byte peaks follow the same rule, `genpool/src/books.rs`).
+/// blocks, 1 small, 2 large), counted per thread: each allocation or free updates the three figures of
+/// its pool (small or large; "all" is their sum), and with one shared atomic per figure every call of
+/// every thread wrote the same lines with locked adds (twelve locked instructions per free). Values read
+/// are exact: the shared totals plus every thread's share. A peak is checked at each allocation against
+/// the thread's view — the shared total plus its own share — so it is exact when one thread allocates,
+/// and within [`fold_at`] per other allocating thread otherwise (the engine's live-byte peaks follow the
+/// same rule, `genpool/src/books.rs`).
 pub(crate) struct DeviceCounters {
     threads: [ThreadFigures; thread_slot::SLOTS + 1],
-    folded: [AtomicI64; FIGURES],
+    folded: [AtomicI64; COUNTED],
     peak: [AtomicI64; FIGURES],
     /// `current` at the last accumulated reset (PyTorch's `allocated` = current + freed − base).
     base: [AtomicI64; FIGURES],
@@ -91,7 +97,7 @@ impl DeviceCounters {
     pub(crate) const fn new() -> Self {
         DeviceCounters {
             threads: [const { ThreadFigures::new() }; thread_slot::SLOTS + 1],
-            folded: [const { AtomicI64::new(0) }; FIGURES],
+            folded: [const { AtomicI64::new(0) }; COUNTED],
             peak: [const { AtomicI64::new(0) }; FIGURES],
             base: [const { AtomicI64::new(0) }; FIGURES],
             freed_base: [const { AtomicI64::new(0) }; FIGURES],
@@ -99,8 +105,9 @@ impl DeviceCounters {
         }
     }
 
+    /// PyTorch's pool of a block: 1 small (≤ 1 MiB), 2 large.
     #[inline]
-    fn split(size: u64) -> usize {
+    fn kind(size: u64) -> usize {
         if size <= SMALL_SIZE {
             1
         } else {
@@ -108,18 +115,10 @@ impl DeviceCounters {
         }
     }
 
-    /// The six figures a block of `size` bytes (`requested` asked for) changes — count, bytes and
-    /// requested bytes of "all" and of its small or large pool — with the amount of each.
+    /// The amounts a block of `size` bytes (`requested` asked for) adds to count, bytes and requested.
     #[inline]
-    fn figures(size: u64, requested: u64) -> impl Iterator<Item = (usize, i64)> {
-        [0, Self::split(size)].into_iter().flat_map(move |kind| {
-            [
-                (COUNT, 1),
-                (BYTES, size as i64),
-                (REQUESTED, requested as i64),
-            ]
-            .map(|(which, v)| (kind * 3 + which, v))
-        })
+    fn amounts(size: u64, requested: u64) -> [i64; 3] {
+        [1, size as i64, requested as i64]
     }
 
     /// A block of `size` bytes (rounded), `requested` asked for, was handed out.
@@ -130,15 +129,23 @@ impl DeviceCounters {
         if !t.added.load(Relaxed) {
             t.added.store(true, Relaxed);
         }
-        for (f, v) in Self::figures(size, requested) {
-            let mine = thread_slot::add(&t.current[f], v, me);
-            let view = self.folded[f].load(Relaxed) + mine;
-            // Peaks rarely move in a loop's steady state: a plain load keeps the line shared.
-            if view > self.peak[f].load(Relaxed) {
-                self.peak[f].fetch_max(view, Relaxed);
+        let kind = Self::kind(size);
+        // The other pool's counted figure of the same measure, for this thread's view of "all".
+        let other = 3 - kind;
+        for (which, v) in Self::amounts(size, requested).into_iter().enumerate() {
+            let c = (kind - 1) * 3 + which;
+            let mine = thread_slot::add(&t.current[c], v, me);
+            let view = self.folded[c].load(Relaxed) + mine;
+            let o = (other - 1) * 3 + which;
+            let view_all = view + self.folded[o].load(Relaxed) + t.current[o].load(Relaxed);
+            // Peaks rarely move in a loop's steady state: plain loads keep the lines shared.
+            for (f, v) in [(kind * 3 + which, view), (which, view_all)] {
+                if v > self.peak[f].load(Relaxed) {
+                    self.peak[f].fetch_max(v, Relaxed);
+                }
             }
-            if mine > fold_at(f) {
-                self.fold(t, me, f, mine);
+            if mine > fold_at(which) {
+                self.fold(t, me, c, mine);
             }
         }
     }
@@ -149,30 +156,49 @@ impl DeviceCounters {
         let me = thread_slot::mine();
         let t = &self.threads[me.index];
         let helper = !t.added.load(Relaxed);
-        for (f, v) in Self::figures(size, requested) {
-            let mine = thread_slot::add(&t.current[f], -v, me);
-            thread_slot::add(&t.freed[f], v, me);
-            if mine < -fold_at(f) || (helper && mine != 0) {
-                self.fold(t, me, f, mine);
+        let kind = Self::kind(size);
+        for (which, v) in Self::amounts(size, requested).into_iter().enumerate() {
+            let c = (kind - 1) * 3 + which;
+            let mine = thread_slot::add(&t.current[c], -v, me);
+            thread_slot::add(&t.freed[c], v, me);
+            if mine < -fold_at(which) || (helper && mine != 0) {
+                self.fold(t, me, c, mine);
             }
         }
     }
 
-    /// Move `amount` (the thread's balance of figure `f` as last seen) into the shared total.
+    /// Move `amount` (the thread's balance of counted figure `c` as last seen) into the shared total.
     #[cold]
-    fn fold(&self, t: &ThreadFigures, me: thread_slot::Slot, f: usize, amount: i64) {
-        thread_slot::add(&t.current[f], -amount, me);
-        self.folded[f].fetch_add(amount, Relaxed);
+    fn fold(&self, t: &ThreadFigures, me: thread_slot::Slot, c: usize, amount: i64) {
+        thread_slot::add(&t.current[c], -amount, me);
+        self.folded[c].fetch_add(amount, Relaxed);
+    }
+
+    /// The counted figures behind reported figure `f`: its own, or for "all" both pools'.
+    fn counted(f: usize) -> impl Iterator<Item = usize> {
+        let (kind, which) = (f / 3, f % 3);
+        let kinds = if kind == 0 { 1..3 } else { kind..kind + 1 };
+        kinds.map(move |k| (k - 1) * 3 + which)
     }
 
     /// Every thread's share of `field`'s figure `f`.
-    fn sum(&self, f: usize, field: impl Fn(&ThreadFigures) -> &[AtomicI64; FIGURES]) -> i64 {
-        self.threads.iter().map(|t| field(t)[f].load(Relaxed)).sum()
+    fn sum(&self, f: usize, field: impl Fn(&ThreadFigures) -> &[AtomicI64; COUNTED]) -> i64 {
+        Self::counted(f)
+            .map(|c| {
+                self.threads
+                    .iter()
+                    .map(|t| field(t)[c].load(Relaxed))
+                    .sum::<i64>()
+            })
+            .sum()
     }
 
     /// Figure `f` now: the shared total (what threads folded) and every thread's share.
     fn current(&self, f: usize) -> i64 {
-        self.folded[f].load(Relaxed) + self.sum(f, |t| &t.current)
+        Self::counted(f)
+            .map(|c| self.folded[c].load(Relaxed))
+            .sum::<i64>()
+            + self.sum(f, |t| &t.current)
     }
 
     /// Removed from figure `f` in all (never folded: only `current` feeds peaks).
@@ -286,26 +312,38 @@ mod tests {
         assert_eq!(c.live_bytes(), 8 * (2 << 20));
 
         // One allocating thread (this one), frees on a helper thread: the peak is the true one.
+        // Sizes on both sides of PyTorch's small/large bound: "all" is counted as the two pools' sum, and
+        // its peak, like each pool's, must be the true one.
         let c = std::sync::Arc::new(DeviceCounters::new());
-        let (mut live, mut peak) = (0i64, 0i64);
+        let (mut live, mut peak) = ([0i64; 3], [0i64; 3]);
         let mut held = Vec::new();
         for k in 0..400u64 {
             if k % 3 != 2 || held.is_empty() {
                 let size = 512 * (1 + (k * 37) % 3000);
                 c.on_alloc(size, size);
                 held.push(size);
-                live += size as i64;
-                peak = peak.max(live);
+                for kind in [0, DeviceCounters::kind(size)] {
+                    live[kind] += size as i64;
+                    peak[kind] = peak[kind].max(live[kind]);
+                }
             } else {
                 let size = held.swap_remove((k as usize * 7) % held.len());
-                live -= size as i64;
+                for kind in [0, DeviceCounters::kind(size)] {
+                    live[kind] -= size as i64;
+                }
                 let c2 = c.clone();
                 std::thread::spawn(move || c2.on_free(size, size))
                     .join()
                     .unwrap();
             }
-            let (_, b, _) = c.read(0);
-            assert_eq!((b.current, b.peak), (live, peak), "step {k}");
+            for kind in 0..3 {
+                let (_, b, _) = c.read(kind);
+                assert_eq!(
+                    (b.current, b.peak),
+                    (live[kind], peak[kind]),
+                    "step {k}, stat type {kind}"
+                );
+            }
         }
     }
 }
