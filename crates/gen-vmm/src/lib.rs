@@ -2069,7 +2069,6 @@ impl Drop for PagePool {
     }
 }
 
-/// Take the free-mapped page with the highest page index (of any region).
 /// Take a reference on every backed page of region `rid`'s `first..=last` (reviving free-mapped ones in
 /// place, no driver call); returns the pages with no physical page under them, for the caller to back.
 fn take_backed(g: &mut Inner, rid: u32, first: u64, last: u64) -> Vec<u32> {
@@ -2131,6 +2130,7 @@ fn zombie_epoch(regions: &[Option<RegionPages>], rid: u32, pidx: u32) -> Option<
         .map(|z| z.epoch)
 }
 
+/// Take the free-mapped page with the highest page index (of any region).
 fn pop_free_mapped(g: &mut Inner) -> Option<(u32, u32)> {
     g.free_mapped.pop_last().map(|(pidx, rid)| (rid, pidx))
 }

@@ -90,6 +90,48 @@ fn steals_before_growing_and_would_grow_reports() {
 }
 
 #[test]
+fn a_range_partly_backed_is_taken_whole_or_not_at_all() {
+    // Pages 0-1 in use, 2-3 free and mapped, 4 never backed. The warm path takes references on the
+    // backed pages as it walks; meeting page 4 it must give them all back — in use stays in use,
+    // revived pages go back to the free set — before the general path decides.
+    let dev = Arc::new(SimDevice::new());
+    let pool = pool_with(&dev, PagePoolConfig::default());
+    let r = Region::new(&pool, 64 * MIB, "r").unwrap();
+    r.commit(0, 8 * MIB, true).unwrap();
+    r.decommit(4 * MIB, 4 * MIB);
+    let before = pool.stats();
+    assert_eq!((before.pages_in_use, before.pages_free_mapped), (2, 2));
+    assert_eq!(
+        r.commit(0, 10 * MIB, false),
+        Err(VmmError::WouldGrow { pages: 1 }),
+        "page 4 needs a new page and none is spare"
+    );
+    let after = pool.stats();
+    assert_eq!(
+        (after.pages_in_use, after.pages_free_mapped, after.revivals),
+        (2, 2, before.revivals),
+        "the refused commit took nothing"
+    );
+    for (page, refs) in [(0, 1), (1, 1), (2, 0), (3, 0), (4, 0)] {
+        assert_eq!(r.page_refs(page * PAGE), refs, "page {page}");
+    }
+    // The same range with growth: one page created, the free ones revived in place, no move.
+    r.commit(0, 10 * MIB, true).unwrap();
+    let s = pool.stats();
+    assert_eq!(
+        (s.pages_in_use, s.pages_free_mapped, s.creates, s.steals),
+        (5, 0, 5, 0)
+    );
+    for (page, refs) in [(0, 2), (1, 2), (2, 1), (3, 1), (4, 1)] {
+        assert_eq!(r.page_refs(page * PAGE), refs, "page {page}");
+    }
+    // Fully backed now: the warm path takes the whole range again.
+    r.commit(2 * MIB, 6 * MIB, false).unwrap();
+    assert_eq!(r.page_refs(2 * MIB), 3);
+    assert_eq!(r.page_refs(6 * MIB), 2);
+}
+
+#[test]
 fn limit_and_device_oom_are_clean_errors() {
     let dev = Arc::new(SimDevice::config().capacity(16 * MIB).build().unwrap());
     let pool = pool_with(
