@@ -119,21 +119,6 @@ thread_local! {
     static CURRENT: Cell<u32> = const { Cell::new(0) };
 }
 
-/// Whether any thread ever set a tag other than the default: until one does, no thread's [`CURRENT`] can
-/// be non-zero, and the allocation path skips the thread-local read (in a `dlopen`ed library, a call to
-/// `__tls_get_addr`). A thread sets it before its own `CURRENT`, so its own later reads see it.
-static ANY_TAG: AtomicBool = AtomicBool::new(false);
-
-/// The calling thread's tag id (0: default).
-#[inline]
-fn current() -> u32 {
-    if ANY_TAG.load(Ordering::Relaxed) {
-        CURRENT.with(Cell::get)
-    } else {
-        0
-    }
-}
-
 fn tag(id: u32) -> Option<&'static Tag> {
     TAGS.read().get(id.checked_sub(1)? as usize).copied()
 }
@@ -182,7 +167,7 @@ pub(crate) fn tagged_alloc(
     device: i64,
     stream: u64,
 ) -> Option<Result<u64, PluginError>> {
-    let id = current();
+    let id = CURRENT.with(Cell::get);
     if id == 0 {
         return None;
     }
@@ -212,7 +197,7 @@ fn alloc_block(
 /// Whether the calling thread has a tag (one thread-local read).
 #[inline]
 pub(crate) fn tagged() -> bool {
-    current() != 0
+    CURRENT.with(Cell::get) != 0
 }
 
 /// The PyTorch backend's branch for a tagged thread (`backend_abi`): the block, or `None` when the
@@ -223,7 +208,7 @@ pub(crate) fn tagged_alloc_block(
     device: i64,
     stream: u64,
 ) -> Option<Result<genpool::Block, PluginError>> {
-    let id = current();
+    let id = CURRENT.with(Cell::get);
     if id == 0 {
         return None;
     }
@@ -440,12 +425,7 @@ pub unsafe extern "C" fn genpool_tag_set(tag: *const c_char) -> c_int {
                 Err(_) => Err(PluginError::BadTag("the tag is not UTF-8".into())),
             }
         };
-        status(res.map(|id| {
-            if id != 0 {
-                ANY_TAG.store(true, Ordering::Relaxed);
-            }
-            CURRENT.with(|c| c.set(id));
-        }))
+        status(res.map(|id| CURRENT.with(|c| c.set(id))))
     })
 }
 
