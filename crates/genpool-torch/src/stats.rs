@@ -32,7 +32,7 @@ pub struct GenpoolStat {
 /// Figures reported per device: for each of PyTorch's three stat types (all, small, large) a count,
 /// bytes and requested bytes — index `kind * 3 + which`.
 const FIGURES: usize = 9;
-/// Figures counted: those of the small and the large pool — index `(kind - 1) * 3 + which`. "All" is
+/// Figures counted: those of the small and the large pool — index [`counted`]`(kind, which)`. "All" is
 /// their sum, computed when read or checked against its peak: a block changes three counted figures
 /// instead of six, and a large block folds two shared totals instead of four (PyTorch's free path,
 /// `benches/host/abi_replay.c`: gpt2_train_fixed, two thirds of whose blocks are large).
@@ -40,6 +40,12 @@ const COUNTED: usize = 6;
 const COUNT: usize = 0;
 const BYTES: usize = 1;
 const REQUESTED: usize = 2;
+
+/// The counted figure of measure `which` in pool `kind` (1 small, 2 large).
+#[inline]
+const fn counted(kind: usize, which: usize) -> usize {
+    (kind - 1) * 3 + which
+}
 
 /// A thread's balance of a figure past which it folds into the shared total: counts and bytes (a peak
 /// read from a thread's view is within this of the truth per other allocating thread).
@@ -130,13 +136,12 @@ impl DeviceCounters {
             t.added.store(true, Relaxed);
         }
         let kind = Self::kind(size);
-        // The other pool's counted figure of the same measure, for this thread's view of "all".
-        let other = 3 - kind;
         for (which, v) in Self::amounts(size, requested).into_iter().enumerate() {
-            let c = (kind - 1) * 3 + which;
+            let c = counted(kind, which);
             let mine = thread_slot::add(&t.current[c], v, me);
             let view = self.folded[c].load(Relaxed) + mine;
-            let o = (other - 1) * 3 + which;
+            // The other pool's figure of the same measure, for this thread's view of "all".
+            let o = counted(3 - kind, which);
             let view_all = view + self.folded[o].load(Relaxed) + t.current[o].load(Relaxed);
             // Peaks rarely move in a loop's steady state: plain loads keep the lines shared.
             for (f, v) in [(kind * 3 + which, view), (which, view_all)] {
@@ -158,7 +163,7 @@ impl DeviceCounters {
         let helper = !t.added.load(Relaxed);
         let kind = Self::kind(size);
         for (which, v) in Self::amounts(size, requested).into_iter().enumerate() {
-            let c = (kind - 1) * 3 + which;
+            let c = counted(kind, which);
             let mine = thread_slot::add(&t.current[c], -v, me);
             thread_slot::add(&t.freed[c], v, me);
             if mine < -fold_at(which) || (helper && mine != 0) {
@@ -175,15 +180,15 @@ impl DeviceCounters {
     }
 
     /// The counted figures behind reported figure `f`: its own, or for "all" both pools'.
-    fn counted(f: usize) -> impl Iterator<Item = usize> {
+    fn behind(f: usize) -> impl Iterator<Item = usize> {
         let (kind, which) = (f / 3, f % 3);
         let kinds = if kind == 0 { 1..3 } else { kind..kind + 1 };
-        kinds.map(move |k| (k - 1) * 3 + which)
+        kinds.map(move |k| counted(k, which))
     }
 
     /// Every thread's share of `field`'s figure `f`.
     fn sum(&self, f: usize, field: impl Fn(&ThreadFigures) -> &[AtomicI64; COUNTED]) -> i64 {
-        Self::counted(f)
+        Self::behind(f)
             .map(|c| {
                 self.threads
                     .iter()
@@ -195,7 +200,7 @@ impl DeviceCounters {
 
     /// Figure `f` now: the shared total (what threads folded) and every thread's share.
     fn current(&self, f: usize) -> i64 {
-        Self::counted(f)
+        Self::behind(f)
             .map(|c| self.folded[c].load(Relaxed))
             .sum::<i64>()
             + self.sum(f, |t| &t.current)

@@ -705,7 +705,7 @@ impl<O: Opener> Pools<O> {
         self.free_in(ptr, None, None).map_err(O::Error::from)
     }
 
-    // `free_in`, `free_at`, `free_now` and `Pool::free_in` are inlined into the caller: the block comes
+    // `free_in`, `free_at`, `free_now` and `Pool::free_block` are inlined into the caller: the block comes
     // back through three `Result`s, and each one returned through memory was copied with loads that
     // straddle the stores that wrote it (a failed store forward, ~12 cycles each; PyTorch's raw_delete
     // through `benches/host/abi_replay.c`, simulator: gpt2_generate_kv 100.6 → 98.0 ns a call).

@@ -868,7 +868,7 @@ impl Pool {
     /// queued on `stream` before this call has completed. Unknown and double frees are refused with
     /// [`GenpoolError::InvalidFree`] and change nothing.
     pub fn free(&self, ptr: u64, stream: StreamId) -> Result<u64> {
-        self.free_in(ptr, Some(stream)).map(|b| b.size)
+        self.free_block(ptr, Some(stream)).map(|b| b.size)
     }
 
     /// Free a block on the stream it was allocated for (PyTorch's rule: a tensor's memory is reusable on
@@ -876,18 +876,13 @@ impl Pool {
     /// the block was. Refusals as [`free`](Self::free).
     #[inline]
     pub fn free_owned(&self, ptr: u64) -> Result<LiveBlock> {
-        self.free_in(ptr, None)
+        self.free_block(ptr, None)
     }
 
     /// [`free`](Self::free) on `stream`, or [`free_owned`](Self::free_owned) with `None`, returning the
-    /// block either way (the multi-device layer's one path to the engine's free).
+    /// block either way (also the multi-device layer's one path to the engine's free).
     #[inline(always)]
     pub(crate) fn free_block(&self, ptr: u64, stream: Option<StreamId>) -> Result<LiveBlock> {
-        self.free_in(ptr, stream)
-    }
-
-    #[inline(always)]
-    fn free_in(&self, ptr: u64, stream: Option<StreamId>) -> Result<LiveBlock> {
         if ptr == 0 {
             self.invalid_frees.fetch_add(1, Relaxed);
             return Err(GenpoolError::InvalidFree {
@@ -980,7 +975,7 @@ impl Pool {
         Ok(LiveBlock::of(ptr, &meta))
     }
 
-    /// [`free_in`](Self::free_in) of a slab block whose entry in the slab's book was just taken (`word`,
+    /// [`free_block`](Self::free_block) of a slab block whose entry in the slab's book was just taken (`word`,
     /// allocated for `alloc_stream`), freed on `stream`: what the general path does for a slab block —
     /// the large-allocation run ends, the stream is noted, blocks a capture deferred go back once several
     /// streams are seen, then the slab — without a classifier stamp, a plan ticket or a thread cache to
@@ -998,7 +993,7 @@ impl Pool {
         match self.slab.free(ptr, stream) {
             Ok(_) => {}
             Err(TierError::Vmm(VmmError::Capturing(why))) => {
-                // As in `free_in`: back to the slab at the first call after the capture.
+                // As in `free_block`: back to the slab at the first call after the capture.
                 log::debug!("genpool: free of {ptr:#x} deferred during a capture ({why})");
                 self.defer(Deferred {
                     ptr,
