@@ -8,3 +8,9 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" GE
 export GENPOOL_SHIM_DIR=/tmp/genpool_cache
 STEPS=${STEPS:-$STEPS_DEFAULT}
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
+# The carried perf (.gpu/perfb.tar.xz: the build machine's perf with its libraries and loader; the GPU
+# machine has none), unpacked once; $PERF runs it through its own loader.
+carried_perf() {
+  mkdir -p /tmp/pb && [ -x /tmp/pb/perfb/perf ] || tar -C /tmp/pb -xJf "$G"/perfb.tar.xz
+  PERF="/tmp/pb/perfb/lib/ld-linux-x86-64.so.2 --library-path /tmp/pb/perfb/lib /tmp/pb/perfb/perf"
+}

@@ -5,8 +5,7 @@
 set -uo pipefail
 STEPS_DEFAULT=x
 . "$(dirname "$0")/env.sh"
-mkdir -p /tmp/pb && tar -C /tmp/pb -xJf "$G"/perfb.tar.xz
-PERF="/tmp/pb/perfb/lib/ld-linux-x86-64.so.2 --library-path /tmp/pb/perfb/lib /tmp/pb/perfb/perf"
+carried_perf
 $PERF --version > "$OUT/perf_probe.txt" 2>&1
 cat /proc/sys/kernel/perf_event_paranoid >> "$OUT/perf_probe.txt" 2>&1
 prof() { # name, freq, command...

@@ -3,7 +3,9 @@
 # benches/host/abi_replay.c on the GPU, the session's start (bin/libgenpool_torch-s14.so) and this build
 # (bin/libgenpool_torch.so) loaded side by side in one process and taking turns pass by pass (hosts
 # drift); PyTorch's entry points (torch_replay.py) with this build beside native and expandable_segments;
-# the engine's own CUDA replay. Logs under $OUT; tables last.
+# the engine's own CUDA replay. Logs under $OUT; tables last. Step torch_ab (not a default) adds
+# PyTorch's entry points with the session's start and then this build again, genpool alone: call 3 ran
+# STEPS=torch,torch_ab,cli (docs/results/s15/call3).
 set -uo pipefail
 STEPS_DEFAULT=tests,abi,torch,cli
 . "$(dirname "$0")/env.sh"
@@ -27,6 +29,10 @@ tr=(benches/traces/bert_serve_4streams.csv.gz benches/traces/gpt2_generate_kv.cs
 if has torch; then
   timeout 220 python3 benches/gpu/torch_replay.py "${tr[@]}" --modes native,expandable,genpool --reps ${REPS:-6} > "$OUT/torch.jsonl" 2> "$OUT/torch.err"
 fi
+if has torch_ab; then
+  GENPOOL_LIB="$PWD/$G/bin/libgenpool_torch-s14.so" timeout 100 python3 benches/gpu/torch_replay.py "${tr[@]}" --modes genpool --reps ${REPS:-6} > "$OUT/torch_s14.jsonl" 2>> "$OUT/torch.err"
+  timeout 100 python3 benches/gpu/torch_replay.py "${tr[@]}" --modes genpool --reps ${REPS:-6} > "$OUT/torch_new2.jsonl" 2>> "$OUT/torch.err"
+fi
 if has cli; then
   for r in 1 2; do for b in genpool-s14 genpool; do
     timeout 60 "$G"/bin/$b replay "${tr[@]}" benches/traces/gpt2_prefetch.csv.gz --device cuda --passes 5 --json 2>> "$OUT/cli.err" |
@@ -39,12 +45,13 @@ cat "$OUT/abi.txt" 2>/dev/null | sed "s#$PWD/$G/bin/##"
 python3 - <<'PY'
 import json, os
 O = os.environ.get("OUT", "out")
-try:
-    for l in open(f"{O}/torch.jsonl"):
-        d = json.loads(l)
-        print("torch", d["trace"][:20].ljust(20), d["mode"].ljust(10), d.get("ratio"), d.get("ns_per_op"))
-except FileNotFoundError:
-    pass
+for f in ("torch.jsonl", "torch_s14.jsonl", "torch_new2.jsonl"):
+    try:
+        for l in open(f"{O}/{f}"):
+            d = json.loads(l)
+            print(f[:-6].ljust(10), d["trace"][:20].ljust(20), d["mode"].ljust(10), d.get("ratio"), d.get("ns_per_op"))
+    except FileNotFoundError:
+        pass
 try:
     for l in open(f"{O}/cli.jsonl"):
         d = json.loads(l); w = d.get("warm_calls", {})

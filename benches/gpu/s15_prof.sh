@@ -7,8 +7,7 @@ set -uo pipefail
 STEPS_DEFAULT=x
 . "$(dirname "$0")/env.sh"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
-mkdir -p /tmp/pb && tar -C /tmp/pb -xJf "$G"/perfb.tar.xz
-PERF="/tmp/pb/perfb/lib/ld-linux-x86-64.so.2 --library-path /tmp/pb/perfb/lib /tmp/pb/perfb/perf"
+carried_perf
 K=${K:-benches/traces/gpt2_generate_kv.csv.gz}
 { nvidia-smi --query-gpu=name --format=csv,noheader; nproc; } > "$OUT/machine.txt" 2>&1
 timeout 200 python3 benches/gpu/torch_diag.py --child $K 1 > "$OUT/warm.txt" 2>&1
