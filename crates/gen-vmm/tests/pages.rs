@@ -62,6 +62,48 @@ fn recommit_in_place_makes_no_driver_call() {
     assert_eq!(pool.stats().revivals, 500);
 }
 
+/// A range's inner pages are released and revived in one step when each is the range's alone, and page
+/// by page when another range shares some of them: both give the same references and counts.
+#[test]
+fn inner_pages_shared_or_not_count_the_same() {
+    let dev = Arc::new(SimDevice::new());
+    let pool = pool_with(&dev, PagePoolConfig::default());
+    let r = Region::new(&pool, 64 * MIB, "t").unwrap();
+    // Pages 0..=4 (10 MiB), and pages 1..=2 once more by a second range inside it.
+    r.commit(0, 10 * MIB, true).unwrap();
+    r.commit(3 * MIB, 2 * MIB, true).unwrap();
+    r.decommit(0, 10 * MIB);
+    let refs = |r: &Region| (0..6).map(|p| r.page_refs(p * PAGE)).collect::<Vec<_>>();
+    assert_eq!(refs(&r), [0, 1, 1, 0, 0, 0]);
+    let s = pool.stats();
+    assert_eq!((s.pages_in_use, s.pages_free_mapped), (2, 3));
+    // Revived: the inner pages are mixed (1 and 2 in use, 3 free), so page by page.
+    let revivals = s.revivals;
+    r.commit(0, 10 * MIB, false).unwrap();
+    assert_eq!(refs(&r), [1, 2, 2, 1, 1, 0]);
+    let s = pool.stats();
+    assert_eq!((s.pages_in_use, s.pages_free_mapped), (5, 0));
+    assert_eq!(s.revivals - revivals, 3);
+    // The second range gone, the inner pages are the outer range's alone: released and revived at once.
+    r.decommit(3 * MIB, 2 * MIB);
+    r.decommit(0, 10 * MIB);
+    assert_eq!(refs(&r), [0; 6]);
+    let s = pool.stats();
+    assert_eq!((s.pages_in_use, s.pages_free_mapped), (0, 5));
+    let before = dev.calls();
+    r.commit(MIB, 8 * MIB, false).unwrap();
+    assert_eq!(refs(&r), [1, 1, 1, 1, 1, 0]);
+    let s = pool.stats();
+    assert_eq!((s.pages_in_use, s.pages_free_mapped), (5, 0));
+    assert_eq!(s.revivals - revivals, 8);
+    assert_eq!(dev.calls().since(&before).total(), 0, "revived in place");
+    // A neighbour sharing the last page keeps it when the range goes.
+    r.commit(9 * MIB, MIB, false).unwrap();
+    r.decommit(MIB, 8 * MIB);
+    assert_eq!(refs(&r), [0, 0, 0, 0, 1, 0]);
+    assert_eq!(pool.stats().pages_free_mapped, 4);
+}
+
 #[test]
 fn steals_before_growing_and_would_grow_reports() {
     let dev = Arc::new(SimDevice::new());
