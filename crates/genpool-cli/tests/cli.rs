@@ -174,7 +174,9 @@ fn every_original_trace_replays() {
 }
 
 fn tmp(name: &str, body: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("genpool-cli-{}", std::process::id()));
+    // Under the build's own scratch folder (target/tmp), not the system's: nothing left behind in /tmp.
+    let dir =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let p = dir.join(name);
     std::fs::write(&p, body).unwrap();
