@@ -14,3 +14,18 @@ carried_perf() {
   mkdir -p /tmp/pb && [ -x /tmp/pb/perfb/perf ] || tar -C /tmp/pb -xJf "$G"/perfb.tar.xz
   PERF="/tmp/pb/perfb/lib/ld-linux-x86-64.so.2 --library-path /tmp/pb/perfb/lib /tmp/pb/perfb/perf"
 }
+# The plug-in's entry points with two builds of it loaded side by side in one process, taking turns pass
+# by pass (benches/host/abi_replay.c; hosts drift): `abi_side_by_side OLD.so NEW.so TRACE...` (trace
+# names under benches/traces), two rounds each, 9 passes; results to $OUT/abi.txt.
+abi_side_by_side() {
+  local old=$1 new=$2 t r
+  shift 2
+  ${CC:-cc} -O2 -o /tmp/abi_replay benches/host/abi_replay.c -ldl 2> "$OUT/abi.err" || gcc -O2 -o /tmp/abi_replay benches/host/abi_replay.c -ldl 2>> "$OUT/abi.err"
+  for t in "$@"; do
+    python3 benches/host/ops.py benches/traces/$t.csv.gz /tmp/$t.ops
+    for r in 1 2; do
+      echo "$t round $r" >> "$OUT/abi.txt"
+      GENPOOL_DEVICE=cuda timeout 60 /tmp/abi_replay /tmp/$t.ops 9 "$PWD/$G/bin/$old" "$PWD/$G/bin/$new" >> "$OUT/abi.txt" 2>> "$OUT/abi.err"
+    done
+  done
+}

@@ -22,23 +22,5 @@ for r in $(seq ${ROUNDS:-3}); do
     sed "s/^{/{\"v\":\"anchor\",\"round\":$r,/" >> "$OUT/torch.jsonl"
 done
 cat "$OUT/machine.txt"
-python3 - <<'PY'
-import json, os, statistics, collections
-O = os.environ.get("OUT", "out")
-rows = collections.defaultdict(list)
-for f, kind in (("torch.jsonl", "torch"), ("cli.jsonl", "cli")):
-    try:
-        for l in open(f"{O}/{f}"):
-            try: d = json.loads(l)
-            except ValueError: continue
-            mode = d.get("mode", d.get("allocator", ""))
-            ns = d.get("ns_per_op")
-            if ns is None or ns < 0: continue
-            rows[(kind, d["trace"][:18], mode, d["v"])].append((round(ns), d.get("ratio")))
-    except FileNotFoundError:
-        pass
-for k in sorted(rows):
-    v = [x[0] for x in rows[k]]
-    print(*k, "min", min(v), "median", statistics.median(v), "all", v, "ratio", rows[k][0][1])
-PY
+python3 benches/gpu/ab_table.py "$OUT"
 tail -3 "$OUT/torch.err" "$OUT/cli.err" 2>/dev/null

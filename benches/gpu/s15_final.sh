@@ -16,14 +16,7 @@ if has tests; then
   echo "cuda tests rc=$?" >> "$OUT/cuda_tests.log"
 fi
 if has abi; then
-  ${CC:-cc} -O2 -o /tmp/abi_replay benches/host/abi_replay.c -ldl 2> "$OUT/abi.err" || gcc -O2 -o /tmp/abi_replay benches/host/abi_replay.c -ldl 2>> "$OUT/abi.err"
-  for t in $T; do
-    python3 benches/host/ops.py benches/traces/$t.csv.gz /tmp/$t.ops
-    for r in 1 2; do
-      echo "$t round $r" >> "$OUT/abi.txt"
-      GENPOOL_DEVICE=cuda timeout 60 /tmp/abi_replay /tmp/$t.ops 9 "$PWD/$G/bin/libgenpool_torch-s14.so" "$PWD/$G/bin/libgenpool_torch.so" >> "$OUT/abi.txt" 2>> "$OUT/abi.err"
-    done
-  done
+  abi_side_by_side libgenpool_torch-s14.so libgenpool_torch.so $T
 fi
 tr=(benches/traces/bert_serve_4streams.csv.gz benches/traces/gpt2_generate_kv.csv.gz benches/traces/resnet50_train.csv.gz benches/traces/gpt2_train_fixed.csv.gz)
 if has torch; then

@@ -2,7 +2,7 @@
 # Session 16: the session's start (bin/genpool-s15, bin/libgenpool_torch-s15.so, 72e379b) and end
 # (bin/genpool, bin/libgenpool_torch.so) side by side on a host whose speed drifts: short runs taking
 # turns, many rounds, min and median reported.
-#   cli    the engine's CUDA replay, 3 passes a run, CLI_ROUNDS rounds (default 8);
+#   cli    the engine's CUDA replay, 3 passes a run (the table counts the last), CLI_ROUNDS rounds (default 8);
 #   torch  PyTorch's entry points (torch_replay.py, genpool mode) with each build, then native and
 #          expandable_segments, TORCH_ROUNDS rounds (default 3).
 # Logs under $OUT; the table last.
@@ -31,23 +31,5 @@ if has torch; then
   done
 fi
 cat "$OUT/machine.txt"
-python3 - <<'PY'
-import json, os, statistics, collections
-O = os.environ.get("OUT", "out")
-rows = collections.defaultdict(list)
-for f, kind in (("torch.jsonl", "torch"), ("cli.jsonl", "cli")):
-    try:
-        for l in open(f"{O}/{f}"):
-            try: d = json.loads(l)
-            except ValueError: continue
-            mode = d.get("mode", d.get("allocator", ""))
-            ns = d.get("ns_per_op")
-            if ns is None or ns < 0: continue
-            rows[(kind, d["trace"][:18], mode, d["v"])].append((round(ns), d.get("ratio")))
-    except FileNotFoundError:
-        pass
-for k in sorted(rows):
-    v = [x[0] for x in rows[k]]
-    print(*k, "min", min(v), "median", statistics.median(v), "all", v, "ratio", rows[k][0][1])
-PY
+python3 benches/gpu/ab_table.py "$OUT" --cli-last-pass
 tail -3 "$OUT/torch.err" "$OUT/cli.err" 2>/dev/null
