@@ -407,6 +407,11 @@ impl Slab {
         })
     }
 
+    /// The number of size classes.
+    pub fn class_count(&self) -> usize {
+        self.class.len()
+    }
+
     /// The largest request served (the largest class size).
     pub fn max_size(&self) -> u64 {
         self.sizes.max_class()

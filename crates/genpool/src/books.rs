@@ -68,7 +68,12 @@ impl LiveBooks {
     /// `bytes` more live in `tier`.
     #[inline]
     pub(crate) fn add(&self, tier: usize, bytes: u64) {
-        let me = thread_slot::mine();
+        self.add_as(thread_slot::mine(), tier, bytes);
+    }
+
+    /// [`add`](Self::add) for a caller that has its thread's slot at hand.
+    #[inline]
+    pub(crate) fn add_as(&self, me: Slot, tier: usize, bytes: u64) {
         let slot = &self.slots[me.index];
         let n = bytes as i64;
         thread_slot::count(&slot.allocs[tier], me);
@@ -97,7 +102,12 @@ impl LiveBooks {
     /// `bytes` fewer live in `tier`.
     #[inline]
     pub(crate) fn sub(&self, tier: usize, bytes: u64) {
-        let me = thread_slot::mine();
+        self.sub_as(thread_slot::mine(), tier, bytes);
+    }
+
+    /// [`sub`](Self::sub) for a caller that has its thread's slot at hand.
+    #[inline]
+    pub(crate) fn sub_as(&self, me: Slot, tier: usize, bytes: u64) {
         let slot = &self.slots[me.index];
         let n = bytes as i64;
         thread_slot::count(&slot.frees[tier], me);

@@ -142,6 +142,7 @@ pub const KEYS: &[Key] = &[
     key("plan_background", "true/false", "true", "Pack a recorded period on a helper thread; false: on the allocating thread, results depend only on the allocation sequence (reproducible replays)."),
     key("eager_unmap", "true/false", "false", "Unmap pages as soon as they are unused (debugging use-after-free; slower)."),
     key("thread_caches", "allocating threads, 0 = never", "3", "From this many threads allocating large blocks on, each thread keeps its last few freed ones (same size, same stream; at most 4 blocks, 128 MiB) for its next allocations, past the arena's and the page pool's locks."),
+    key("magazines", "true/false", "true", "Each thread keeps up to 16 slab blocks per size class it freed for its next allocations of that class on the same stream, past the slab's lock-free lists (emptied on a trim, before growing, and by the thread itself when asked)."),
     key("experimental.mid_tier", "stream or extent", "extent", "Where mid-lived blocks go: the extent arena, or the driver's stream-ordered pool (`stream` selects `experimental.routing:generational` unless the routing is given)."),
     key("experimental.long_tier", "buddy or extent", "extent", "Where long-lived blocks go: the extent arena, or the exact-fit buddy (`buddy` selects `experimental.routing:generational` unless the routing is given)."),
     key("experimental.routing", "single, generational or extent", "single", "single: by size alone (slab-sized blocks to the slab, the rest to the extent arena), no prediction made; generational: by predicted lifetime too (the classifier on every call; what the experimental tiers and extent_generations need); extent: every block to the extent arena (PyTorch's private pools)."),
@@ -236,6 +237,8 @@ pub struct Config {
     /// From this many threads allocating large blocks on, each keeps its last few freed large blocks for
     /// itself (`tcache.rs`); 0 = never.
     pub thread_caches: u32,
+    /// Each thread keeps slab blocks it freed, per size class, for its next allocations (`mag.rs`).
+    pub magazines: bool,
     /// Periodic plans (gen-plan): detect a repeating allocation sequence (a training iteration), pack one
     /// period offline and serve it from one mapped range — no search, no page moves in steady state.
     /// Allocations that do not match the plan go to the tiers as usual. Single-stream only. On by
@@ -282,6 +285,7 @@ impl Default for Config {
             extent_generations: false,
             stream_arenas: StreamArenas::Shared,
             thread_caches: 3,
+            magazines: true,
             plan: true,
             plan_max_period: PlanConfig::default().max_period,
             plan_min_moves: 0.005,
@@ -468,6 +472,7 @@ impl Config {
                     _ => return Err(bad("expected 'shared', 'own' or 'first'".into())),
                 }
             }
+            "magazines" => self.magazines = parse_bool(value).map_err(bad)?,
             "thread_caches" => {
                 self.thread_caches = value
                     .parse()
@@ -575,7 +580,7 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{}: {e}", k.name));
             assert_eq!(c, Config::default(), "{} default {}", k.name, k.default);
         }
-        assert_eq!(KEYS.len(), 23);
+        assert_eq!(KEYS.len(), 24);
         assert!(matches!(
             Config::parse("experimental.limit:1G"),
             Err(ConfigError::UnknownKey { .. })

@@ -23,6 +23,7 @@ pub mod config;
 pub mod devices;
 pub mod error;
 mod headroom;
+mod mag;
 mod meta;
 mod pool;
 #[cfg(feature = "replay")]

@@ -109,9 +109,9 @@ impl SlabBook {
     /// size and stream from them instead of a [`Meta`] built on the stack (whose wide reloads of narrow
     /// stores stalled the free). [`SlabWord`] reads them.
     ///
-    /// A load and a store, not a swap: the slot's owner is the one thread freeing it; two threads
-    /// freeing the same block at once (a double free racing itself) may both read it live, and the
-    /// slab's own `live` flag — swapped, the arbiter — refuses the second.
+    /// A swap, the arbiter of a double free racing itself: of two threads freeing the same block at
+    /// once, one takes the record and the other finds none. (The slab's own `live` flag cannot decide
+    /// it: a block kept in a thread's magazine, `mag.rs`, is never freed to the slab.)
     #[inline]
     pub(crate) fn take_raw(&self, slab: &Slab, ptr: u64) -> (u64, u64) {
         let Some(e) = slab
@@ -120,11 +120,10 @@ impl SlabBook {
         else {
             return (0, 0);
         };
-        let w = e.word.load(Relaxed);
+        let w = e.word.swap(0, Relaxed);
         if w & LIVE == 0 {
             return (0, 0);
         }
-        e.word.store(0, Relaxed);
         (w, e.stream.load(Relaxed))
     }
 

@@ -704,7 +704,23 @@ fn run(name: &str, s: Setup) {
         cfg.cases = cfg.cases.min(32);
     }
     let cases = cfg.cases;
-    let mut runner = proptest::test_runner::TestRunner::new(cfg);
+    // GENPOOL_PROP_SEED=N: the same programs on every run (to rerun a failure; each run otherwise draws
+    // new ones).
+    let mut runner = match std::env::var("GENPOOL_PROP_SEED")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        Some(seed) => {
+            let mut bytes = [0u8; 32];
+            bytes[..8].copy_from_slice(&seed.to_le_bytes());
+            let rng = proptest::test_runner::TestRng::from_seed(
+                proptest::test_runner::RngAlgorithm::ChaCha,
+                &bytes,
+            );
+            proptest::test_runner::TestRunner::new_with_rng(cfg, rng)
+        }
+        None => proptest::test_runner::TestRunner::new(cfg),
+    };
     let t0 = std::time::Instant::now();
     let res = runner.run(
         &proptest::collection::vec(action_strategy(s), program_len(s)),
