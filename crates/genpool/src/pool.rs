@@ -169,8 +169,10 @@ struct Deferred {
 }
 
 /// VA of a stream's own arena, in multiples of the device's memory (the first stream's arena has eight:
-/// streams after the first carry little in the programs measured — a prefetched batch, a serving
-/// request — and each arena's page table costs host memory in proportion).
+/// streams after the first carry less in the programs measured — a prefetched batch, a serving request —
+/// and each arena's page table costs host memory in proportion, ~70 bytes a 2 MiB page). Two was too few:
+/// a few small blocks left where large ones had been could leave no hole for a request the device could
+/// hold (`engine.rs`, `a_second_streams_arena_fragmented_by_small_blocks_still_serves_a_large_one`).
 const STREAM_ARENA_VA: u64 = 4;
 
 /// What every allocation and free reads outside its tier, in one cache line, written only when the
@@ -739,8 +741,9 @@ impl Pool {
             }
         }
         // The calling thread's magazine (its parked blocks pin slab chunks); every thread's only when
-        // the pool is relieved (below, a trim, sleep): emptying all of them on every growth cost
-        // threads that allocate at once their magazines.
+        // the pool is relieved (below: the out-of-memory path, a trim, sleep), so that one thread's
+        // growth does not empty the magazines of threads allocating at once (theirs hold at most 16
+        // blocks a class of at most `slab_max_size` bytes).
         self.mags
             .drain_mine(crate::thread_slot::mine(), |a, s| self.unpark(a, s));
         if let Err(e) = self.slab.reclaim_idle() {
@@ -1071,25 +1074,25 @@ impl Pool {
     }
 
     /// A block a magazine kept (freed by the user already, live in the slab) back to the slab, freed on
-    /// `stream`; a capture's refusal defers it as any free.
+    /// `stream`. Refused — a capture's ordering, or a device error on the slab's overflow path — it waits
+    /// with the blocks a capture deferred and is retried with them, rather than lost.
     #[cold]
     fn unpark(&self, ptr: u64, stream: StreamId) {
         match self.slab.free(ptr, stream) {
-            Ok(_) => {}
-            Err(TierError::Vmm(VmmError::Capturing(_))) => {
-                let size = self
-                    .slab
-                    .slot_of(ptr)
-                    .map_or(0, |(ci, _)| self.slab.size_classes().size(ci));
-                self.defer(Deferred {
-                    ptr,
-                    size,
-                    tier: Tier::Slab,
-                    stream,
-                });
-            }
+            Ok(_) => return,
+            Err(TierError::Vmm(VmmError::Capturing(_))) => {}
             Err(e) => log::error!("genpool: giving back a kept slab block {ptr:#x}: {e}"),
         }
+        let size = self
+            .slab
+            .slot_of(ptr)
+            .map_or(0, |(ci, _)| self.slab.size_classes().size(ci));
+        self.defer(Deferred {
+            ptr,
+            size,
+            tier: Tier::Slab,
+            stream,
+        });
     }
 
     /// Give every block the threads' magazines keep back to the slab; returns how many.
