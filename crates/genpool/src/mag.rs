@@ -22,10 +22,13 @@
 //! per class and thread. Threads past [`crate::thread_slot::SLOTS`] (the shared slot) have no magazine,
 //! and blocks freed on more than [`TAGS`] distinct streams of a pool go to the slab.
 
-use std::sync::atomic::{
-    AtomicU32, AtomicU64, AtomicUsize,
-    Ordering::{Acquire, Relaxed, Release},
-};
+// Under `--cfg loom` the stacks' and tags' atomics come from loom (the model at the end checks the
+// owner's and the drains' swaps); otherwise std's.
+#[cfg(loom)]
+use loom::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+#[cfg(not(loom))]
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize};
 use std::sync::OnceLock;
 
 use parking_lot::Mutex;
@@ -41,11 +44,32 @@ const TAG_MASK: u64 = 511;
 
 /// One class's stack: entries `0..len` (the top last), each `address | tag` or 0 when a drain took it.
 #[repr(align(64))]
-#[derive(Default)]
 struct Stack {
     /// Written by the owner only.
     len: AtomicU32,
     words: [AtomicU64; DEPTH],
+}
+
+impl Stack {
+    fn new() -> Self {
+        Stack {
+            len: AtomicU32::new(0),
+            words: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+
+    /// The owner's park of `w` in entry `i` (0 there: past the top, or a hole a drain left). A plain
+    /// store; under loom a swap, because loom mis-orders a plain store racing another thread's swap of
+    /// the same atomic (tokio-rs/loom#254: the swap may read the old value and a later load still
+    /// the older one) — a swap is what loom models faithfully, and in the memory model the store and
+    /// the swap order the same way against a drain's swap.
+    #[inline]
+    fn park(&self, i: usize, w: u64) {
+        #[cfg(not(loom))]
+        self.words[i].store(w, Release);
+        #[cfg(loom)]
+        assert_eq!(self.words[i].swap(w, Release), 0, "parked over an entry");
+    }
 }
 
 /// The streams a pool's magazines have seen, numbered from 1 in order of first sight, never removed.
@@ -124,7 +148,7 @@ impl Magazines {
         }
         self.slots
             .get(me.index)?
-            .get_or_init(|| (0..self.classes).map(|_| Stack::default()).collect())
+            .get_or_init(|| (0..self.classes).map(|_| Stack::new()).collect())
             .get(ci)
     }
 
@@ -152,7 +176,7 @@ impl Magazines {
             return false;
         };
         // Release: a drain that swaps the word out sees the block's record taken before it.
-        s.words[n].store(addr | tag, Release);
+        s.park(n, addr | tag);
         s.len.store(n as u32 + 1, Relaxed);
         true
     }
@@ -221,7 +245,7 @@ impl Magazines {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
@@ -345,5 +369,45 @@ mod tests {
         all.sort_unstable();
         all.dedup();
         assert_eq!(all.len(), parked, "a block came out twice");
+    }
+}
+
+/// The magazine's race under the model checker: the owner taking and parking blocks while another
+/// thread drains. `RUSTFLAGS="--cfg loom" cargo test --release -p genpool --lib loom_models` (.ci/run).
+#[cfg(all(test, loom))]
+mod loom_models {
+    use super::*;
+
+    #[test]
+    fn the_owner_and_a_drain_take_each_block_once() {
+        loom::model(|| {
+            let m = loom::sync::Arc::new(Magazines::new(1, true));
+            let me = Slot {
+                index: 0,
+                own: true,
+            };
+            assert!(m.push(me, 0, 0x1000, 1));
+            assert!(m.push(me, 0, 0x2000, 1));
+            let drain = {
+                let m = m.clone();
+                loom::thread::spawn(move || {
+                    let mut got = Vec::new();
+                    m.drain(|a, _| got.push(a));
+                    got
+                })
+            };
+            let mut all: Vec<u64> = m.pop(me, 0, 1).into_iter().collect();
+            let third = m.push(me, 0, 0x3000, 1);
+            all.extend(m.pop(me, 0, 1));
+            all.extend(drain.join().unwrap());
+            m.drain(|a, _| all.push(a));
+            all.sort_unstable();
+            let want: Vec<u64> = if third {
+                vec![0x1000, 0x2000, 0x3000]
+            } else {
+                vec![0x1000, 0x2000]
+            };
+            assert_eq!(all, want, "every parked block exactly once");
+        });
     }
 }
