@@ -5,14 +5,14 @@
 //! and on 16 cores those lead the profile at 1 and at 16 threads (session 14). Here a thread that frees a
 //! slab block keeps it, still live in the slab's eyes, in a small stack of its own per size class (its
 //! [`crate::thread_slot`]), and its next allocation of that class on the same stream takes it back with
-//! one swap of the stack's entry; the free's swap of the block's record (`SlabBook::take_raw`) stays the
-//! arbiter of a double free racing the first. Two locked instructions a pair instead of four (the record's
-//! swap included), and no slab code at all.
+//! one swap of the stack's entry; the block's record is taken with a swap at the free
+//! (`SlabBook::take_raw`, a load and a store before), now the arbiter of a double free racing the first.
+//! Two locked instructions a pair instead of three, and no slab code at all.
 //!
 //! A stack's entries are whole words — the block's address with the stream it was freed on, as a small
 //! tag, in the address's low bits (slab blocks are 512-byte aligned) — so any thread may empty any
 //! magazine at any time by swapping entries out ([`Magazines::drain`]: a trim, the out-of-memory path,
-//! sleep, before the pool grows): the owner takes an entry with a swap too, so each parked block goes
+//! sleep; before the pool grows, the growing thread's own): the owner takes an entry with a swap too, so each parked block goes
 //! to exactly one of them. Only the owner pushes and keeps the stack's length; an entry a drain took
 //! reads 0 and is skipped.
 //!
@@ -91,20 +91,25 @@ impl StreamTags {
     /// `stream`'s tag, given one at its first sight; `None` once [`TAGS`] streams have one.
     #[inline]
     fn tag(&self, stream: u64) -> Option<u64> {
+        self.known(stream).or_else(|| self.register(stream))
+    }
+
+    /// `stream`'s tag if it has one.
+    #[inline]
+    fn known(&self, stream: u64) -> Option<u64> {
         let n = self.count.load(Acquire);
-        if let Some(i) = (0..n).find(|&i| self.ids[i].load(Relaxed) == stream) {
-            return Some(i as u64 + 1);
-        }
-        self.register(stream)
+        (0..n)
+            .find(|&i| self.ids[i].load(Relaxed) == stream)
+            .map(|i| i as u64 + 1)
     }
 
     #[cold]
     fn register(&self, stream: u64) -> Option<u64> {
         let _g = self.reg.lock();
-        let n = self.count.load(Acquire);
-        if let Some(i) = (0..n).find(|&i| self.ids[i].load(Relaxed) == stream) {
-            return Some(i as u64 + 1);
+        if let Some(t) = self.known(stream) {
+            return Some(t);
         }
+        let n = self.count.load(Acquire);
         if n == TAGS {
             return None;
         }

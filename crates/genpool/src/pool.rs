@@ -481,24 +481,19 @@ impl Pool {
         // the slab serves it without new pages its record goes to the slab's book — no features, no
         // route, no ladder. Anything else (a slab that would grow, a full class) takes the general path.
         if size <= self.hot.slab_max && self.hot.routing == Routing::Single {
-            // A block of the class this thread freed last on this stream first (`mag.rs`).
-            if let Some((ci, _)) = self.slab.class_of(size) {
-                let me = crate::thread_slot::mine();
-                if let Some(ptr) = self.mags.pop(me, ci, stream) {
-                    let word = SlabWord::live(size, (size - requested) as u16);
-                    self.record(ptr, crate::slabbook::meta(word.0, stream));
-                    self.books.add_as(me, Tier::Slab as usize, size);
-                    return Ok(Block {
-                        ptr,
-                        size,
-                        tier: Tier::Slab,
-                    });
-                }
-            }
-            if let Ok(ptr) = self.slab.alloc(size, stream, self.pages.slack() > 0.0) {
+            // A block of the class this thread freed last on this stream first (`mag.rs`), else the
+            // slab's.
+            let me = crate::thread_slot::mine();
+            let parked = self
+                .slab
+                .class_of(size)
+                .and_then(|(ci, _)| self.mags.pop(me, ci, stream));
+            if let Some(ptr) =
+                parked.or_else(|| self.slab.alloc(size, stream, self.pages.slack() > 0.0).ok())
+            {
                 let word = SlabWord::live(size, (size - requested) as u16);
                 self.record(ptr, crate::slabbook::meta(word.0, stream));
-                self.books.add(Tier::Slab as usize, size);
+                self.books.add_as(me, Tier::Slab as usize, size);
                 return Ok(Block {
                     ptr,
                     size,
@@ -921,9 +916,9 @@ impl Pool {
         // The short-lived path: a slab block recorded in the slab's per-slot book (lifetime routing
         // off, the default) is freed from its entry's two words, with no record built.
         if self.slab.owns(ptr) {
-            let (word, alloc_stream) = self.slab_book.take_raw(&self.slab, ptr);
+            let (word, alloc_stream, ci) = self.slab_book.take_raw(&self.slab, ptr);
             if word != 0 {
-                return self.free_slab(ptr, stream.unwrap_or(alloc_stream), word, alloc_stream);
+                return self.free_slab(ptr, ci, stream.unwrap_or(alloc_stream), word, alloc_stream);
             }
         }
         let meta = match self.unrecord(ptr) {
@@ -1003,8 +998,8 @@ impl Pool {
         Ok(LiveBlock::of(ptr, &meta))
     }
 
-    /// [`free_block`](Self::free_block) of a slab block whose entry in the slab's book was just taken (`word`,
-    /// allocated for `alloc_stream`), freed on `stream`: what the general path does for a slab block —
+    /// [`free_block`](Self::free_block) of a slab block of class `ci` whose entry in the slab's book was
+    /// just taken (`word`, allocated for `alloc_stream`), freed on `stream`: what the general path does for a slab block —
     /// the large-allocation run ends, the stream is noted, blocks a capture deferred go back once several
     /// streams are seen, then the slab — without a classifier stamp, a plan ticket or a thread cache to
     /// consult (a slab block in the book has none).
@@ -1012,6 +1007,7 @@ impl Pool {
     fn free_slab(
         &self,
         ptr: u64,
+        ci: usize,
         stream: StreamId,
         word: u64,
         alloc_stream: StreamId,
@@ -1021,18 +1017,16 @@ impl Pool {
         // Kept for this thread's next allocation of its class on `stream` (`mag.rs`); the slab still
         // counts it live. During a capture too: as the slab's own lists, a magazine gives a block back
         // on the stream it was freed on only, which the captured graph orders as the stream did.
-        if let Some((ci, _)) = self.slab.slot_of(ptr) {
-            let me = crate::thread_slot::mine();
-            if self.mags.push(me, ci, ptr, stream) {
-                self.books.sub_as(me, Tier::Slab as usize, w.size());
-                return Ok(LiveBlock::new(
-                    ptr,
-                    w.size(),
-                    w.requested(),
-                    Tier::Slab,
-                    alloc_stream,
-                ));
-            }
+        let me = crate::thread_slot::mine();
+        if self.mags.push(me, ci, ptr, stream) {
+            self.books.sub_as(me, Tier::Slab as usize, w.size());
+            return Ok(LiveBlock::new(
+                ptr,
+                w.size(),
+                w.requested(),
+                Tier::Slab,
+                alloc_stream,
+            ));
         }
         match self.slab.free(ptr, stream) {
             Ok(_) => {}
@@ -1063,7 +1057,7 @@ impl Pool {
                 return Err(e.into());
             }
         }
-        self.books.sub(Tier::Slab as usize, w.size());
+        self.books.sub_as(me, Tier::Slab as usize, w.size());
         Ok(LiveBlock::new(
             ptr,
             w.size(),

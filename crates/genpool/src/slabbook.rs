@@ -99,32 +99,33 @@ impl SlabBook {
     #[inline]
     pub(crate) fn take(&self, slab: &Slab, ptr: u64) -> Option<Meta> {
         match self.take_raw(slab, ptr) {
-            (0, _) => None,
-            (word, stream) => Some(meta(word, stream)),
+            (0, ..) => None,
+            (word, stream, _) => Some(meta(word, stream)),
         }
     }
 
-    /// [`take`](Self::take) as the entry's two words — `(LIVE | slack << 32 | size, stream)`, or
-    /// `(0, 0)` when there is no record — returned in registers: the short-lived free path reads the
-    /// size and stream from them instead of a [`Meta`] built on the stack (whose wide reloads of narrow
-    /// stores stalled the free). [`SlabWord`] reads them.
+    /// [`take`](Self::take) as the entry's two words and the block's size class — `(LIVE | slack << 32 |
+    /// size, stream, class)`, or `(0, 0, 0)` when there is no record — kept in registers (inlined): the
+    /// short-lived free path reads the size and stream from them instead of a [`Meta`] built on the stack
+    /// (whose wide reloads of narrow stores stalled the free), and the class without locating the slot
+    /// again. [`SlabWord`] reads the word.
     ///
     /// A swap, the arbiter of a double free racing itself: of two threads freeing the same block at
     /// once, one takes the record and the other finds none. (The slab's own `live` flag cannot decide
     /// it: a block kept in a thread's magazine, `mag.rs`, is never freed to the slab.)
-    #[inline]
-    pub(crate) fn take_raw(&self, slab: &Slab, ptr: u64) -> (u64, u64) {
-        let Some(e) = slab
+    #[inline(always)]
+    pub(crate) fn take_raw(&self, slab: &Slab, ptr: u64) -> (u64, u64, usize) {
+        let Some((ci, e)) = slab
             .slot_of(ptr)
-            .and_then(|(ci, slot)| self.entry(ci, slot))
+            .and_then(|(ci, slot)| Some((ci, self.entry(ci, slot)?)))
         else {
-            return (0, 0);
+            return (0, 0, 0);
         };
         let w = e.word.swap(0, Relaxed);
         if w & LIVE == 0 {
-            return (0, 0);
+            return (0, 0, 0);
         }
-        (w, e.stream.load(Relaxed))
+        (w, e.stream.load(Relaxed), ci)
     }
 
     /// The record of the live block at `ptr`, left in place.
