@@ -29,3 +29,14 @@ abi_side_by_side() {
     done
   done
 }
+# The engine's CUDA replay of two builds taking turns trace by trace (hosts drift): `replay_turns ROUNDS
+# "TRACE..." NAME1=BIN1 NAME2=BIN2` (trace names under benches/traces, binaries under $G/bin), 3 passes a
+# run, one JSON line a run tagged with its build ("v") and round, to $OUT/cli.jsonl (ab_table.py reads it).
+replay_turns() {
+  local rounds=$1 traces=$2 r t vb
+  shift 2
+  for r in $(seq "$rounds"); do for t in $traces; do for vb in "$@"; do
+    timeout 40 "$G"/bin/"${vb#*=}" replay benches/traces/$t.csv.gz --device cuda --passes 3 --json 2>> "$OUT/cli.err" |
+      sed "s/^{/{\"v\":\"${vb%%=*}\",\"round\":$r,/" >> "$OUT/cli.jsonl"
+  done; done; done
+}

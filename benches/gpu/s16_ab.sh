@@ -12,11 +12,7 @@ STEPS_DEFAULT=cli,torch
 { nvidia-smi --query-gpu=name --format=csv,noheader; nproc; } > "$OUT/machine.txt" 2>&1
 names="gpt2_train_fixed resnet50_train gpt2_generate_kv llama_ckpt_varlen"
 if has cli; then
-  for r in $(seq ${CLI_ROUNDS:-8}); do for t in $names; do for v in s15 new; do
-    b=genpool; [ $v = s15 ] && b=genpool-s15
-    timeout 40 "$G"/bin/$b replay benches/traces/$t.csv.gz --device cuda --passes 3 --json 2>> "$OUT/cli.err" |
-      sed "s/^{/{\"v\":\"$v\",\"round\":$r,/" >> "$OUT/cli.jsonl"
-  done; done; done
+  replay_turns "${CLI_ROUNDS:-8}" "$names" s15=genpool-s15 new=genpool
 fi
 if has torch; then
   tr=(benches/traces/gpt2_train_fixed.csv.gz benches/traces/resnet50_train.csv.gz benches/traces/gpt2_generate_kv.csv.gz)

@@ -27,11 +27,7 @@ if has threads; then
   done
 fi
 if has cli; then
-  for r in 1 2 3 4; do for t in gpt2_generate_kv resnet50_train; do for v in base mag; do
-    b=genpool-nomag; [ $v = mag ] && b=genpool
-    timeout 40 "$G"/bin/$b replay benches/traces/$t.csv.gz --device cuda --passes 3 --json 2>> "$OUT/cli.err" |
-      sed "s/^{/{\"v\":\"$v\",\"round\":$r,/" >> "$OUT/cli.jsonl"
-  done; done; done
+  replay_turns 4 "gpt2_generate_kv resnet50_train" base=genpool-nomag mag=genpool
 fi
 if has tthreads; then
   for r in $(seq ${TROUNDS:-2}); do for v in base mag; do
