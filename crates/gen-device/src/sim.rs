@@ -1115,6 +1115,26 @@ impl SimDevice {
     /// block freed on a paused stream is handed to another stream.
     /// Transitive: a wait on a third stream's operation that itself waits on `producer` counts.
     pub fn waits_on(&self, stream: StreamId, producer: StreamId) -> bool {
+        self.waits_past(stream, producer, 0)
+    }
+
+    /// Whether work enqueued on `stream` from now on waits for the operation `event` was last recorded
+    /// at (or a later one of its stream), that operation not yet complete: [`waits_on`](Self::waits_on)
+    /// for one point of the producer's work. False for an event never recorded or already complete.
+    pub fn waits_for_event(&self, stream: StreamId, event: EventHandle) -> bool {
+        let rec = self
+            .state
+            .lock()
+            .events
+            .get(&event.0)
+            .and_then(|e| e.recorded);
+        match rec {
+            Some((producer, seq)) => self.waits_past(stream, producer, seq),
+            None => false,
+        }
+    }
+
+    fn waits_past(&self, stream: StreamId, producer: StreamId, at: u64) -> bool {
         let st = self.state.lock();
         // (stream, up to which of its operations) still to look at.
         let mut todo = vec![(stream, u64::MAX)];
@@ -1130,7 +1150,7 @@ impl SimDevice {
                 if pos > upto || st.op_done(dep_s, dep_seq) {
                     continue;
                 }
-                if dep_s == producer {
+                if dep_s == producer && dep_seq >= at {
                     return true;
                 }
                 todo.push((dep_s, dep_seq));

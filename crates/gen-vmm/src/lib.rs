@@ -298,7 +298,7 @@ impl PageHot {
     /// Whether the page was freed at an epoch ≥ `done_epoch` (its last users may still run). The epoch is
     /// kept modulo 2^31 and compared within a window of 2^30 fences: a page freed more than 2^30 fences
     /// before `done_epoch` reads as warm, the safe side (it waits for a fence or a synchronize before it
-    /// moves); a warm page is at most the outstanding fences (≤ [`MAX_FENCES`] + 1) ahead.
+    /// moves); a warm page is at most [`MAX_EPOCH_LAG`] ahead.
     #[inline]
     fn warm(self, done_epoch: u64) -> bool {
         let freed = self.word >> 1;
@@ -466,9 +466,13 @@ const UNKNOWN_STREAM: u64 = 1 << 63;
 /// Old mappings kept at least, with [`PagePoolConfig::keep_old_mappings`] (else as many as pages held).
 const MIN_OLD_MAPPINGS: u64 = 64;
 
-/// Fences kept outstanding at most; past this the oldest is waited for (bounds the queue when the device
-/// lags far behind).
+/// Fences kept outstanding at most, per queue; past this the newest is recorded again instead of a new
+/// one (bounds the queue when the device lags far behind, with no host wait).
 const MAX_FENCES: usize = 256;
+
+/// Epochs of fences recorded past the last known complete at most, before a synchronize (half of
+/// [`PageHot::warm`]'s window).
+const MAX_EPOCH_LAG: u64 = 1 << 29;
 
 /// One device's cache of physical pages, shared by every [`Region`] on it. See the crate docs.
 ///
@@ -961,16 +965,24 @@ impl PagePool {
                 return Ok((ev, e));
             }
         }
+        self.bound_epoch_lag(g)?;
         if g.stream_fences[i].fences.len() >= MAX_FENCES {
             self.poll_fences(g);
         }
         if g.stream_fences[i].fences.len() >= MAX_FENCES {
-            // Bound the queue: wait for the oldest (the device lags far behind this stream's fences).
-            if let Some((e, ev)) = g.stream_fences[i].fences.pop_front() {
-                self.device.event_synchronize(ev)?;
-                g.stream_fences[i].done = g.stream_fences[i].done.max(e + 1);
-                g.spare_events.push(ev);
-            }
+            // Bound the queue without a host wait (the device lags far behind this stream's fences, or
+            // the stream waits on work the host has yet to queue): record the newest fence again, here.
+            // Stream waits already queued on it keep the point it had then (a wait takes an event's
+            // latest record at the time of the call), and its completion now says more (the later
+            // epoch), never less than is true: what it covered stays pending until this point is done.
+            let e = g.epoch;
+            let back = g.stream_fences[i].fences.back_mut().expect("a full queue");
+            self.device.event_record(back.1, stream)?;
+            back.0 = e;
+            let ev = back.1;
+            g.epoch += 1;
+            g.stats.fences += 1;
+            return Ok((ev, e));
         }
         let ev = match g.spare_events.pop() {
             Some(ev) => ev,
@@ -1038,13 +1050,22 @@ impl PagePool {
         let Some(stream) = g.fence_stream else {
             return false;
         };
+        if let Err(e) = self.bound_epoch_lag(g) {
+            log::debug!("gen-vmm: bounding the fences' lag: {e}");
+            return false;
+        }
         if g.fences.len() >= MAX_FENCES {
-            let (_, ev) = g.fences[0];
-            if let Err(e) = self.device.event_synchronize(ev) {
-                log::debug!("gen-vmm: waiting for the oldest fence: {e}");
+            // Full: record the newest fence again, here (no host wait; see `fence_on`).
+            let epoch = g.epoch;
+            let back = g.fences.back_mut().expect("a full queue");
+            if let Err(e) = self.device.event_record(back.1, stream) {
+                log::debug!("gen-vmm: recording a fence on stream {stream:#x}: {e}");
                 return false;
             }
-            Self::retire_oldest_fence(g);
+            back.0 = epoch;
+            g.epoch += 1;
+            g.stats.fences += 1;
+            return true;
         }
         let ev = match g.spare_events.pop() {
             Some(ev) => ev,
@@ -1066,6 +1087,19 @@ impl PagePool {
         g.epoch += 1;
         g.stats.fences += 1;
         true
+    }
+
+    /// Keep the epochs of work not known complete within [`MAX_EPOCH_LAG`] of the newest, the window in
+    /// which [`PageHot`] compares them (its epochs are kept modulo 2^31): past it, synchronize. Fences
+    /// are recorded again rather than waited for when their queues are full, so only this bounds the
+    /// lag; it takes 2^29 fences recorded while none completes.
+    fn bound_epoch_lag(&self, g: &mut Inner) -> Result<(), VmmError> {
+        if g.epoch.saturating_sub(g.done_epoch) >= MAX_EPOCH_LAG {
+            self.device.synchronize()?;
+            g.stats.syncs += 1;
+            self.all_complete(g);
+        }
+        Ok(())
     }
 
     /// Synchronize the device (once per commit: `synced`) and mark everything idle.

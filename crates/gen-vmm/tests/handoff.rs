@@ -223,3 +223,39 @@ fn lazy_ordering_during_a_capture_is_a_typed_error() {
     h.before_use(&pages, t, by_s).unwrap();
     assert!(!h.pending(t, by_s));
 }
+
+/// A freeing stream the device never gets to (paused; its fences never complete): each of a thousand
+/// foreign frees still orders the allocator after that stream's work so far — the last one included —
+/// on the device, with no host wait (a full fence queue records its newest fence again). A host wait
+/// here would hang (the simulator refuses it): the failure the property test found in the buddy.
+#[test]
+fn foreign_frees_past_the_fence_queue_order_on_the_device_with_no_host_wait() {
+    let (dev, pages) = setup();
+    let (s, t) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
+    let h = Handoff::owned_by(s);
+    dev.pause_stream(t).unwrap();
+    let host_waits = dev.call_counts().waits;
+    let work = dev.event_create().unwrap();
+    for i in 0..1000 {
+        // t's latest work (an event record stands in for a kernel)...
+        dev.event_record(work, t).unwrap();
+        h.freed(&pages, t)
+            .unwrap_or_else(|e| panic!("free {i} on the paused stream: {e}"));
+        // ...is what s waits for now.
+        assert!(
+            dev.waits_for_event(s, work),
+            "free {i}: s waits for t's latest work"
+        );
+    }
+    let c = dev.call_counts();
+    assert_eq!(c.waits, host_waits, "no host wait");
+    assert!(
+        c.event_records >= 2000,
+        "a fence each free: {}",
+        c.event_records
+    );
+    assert!(pages.stats().fences >= 1000);
+    dev.resume_stream(t).unwrap();
+    dev.synchronize().unwrap();
+    assert!(!dev.waits_on(s, t));
+}

@@ -871,3 +871,38 @@ fn moved_pages_come_back_through_old_mappings_on_gpt2() {
     );
     assert!(all.pages.zombies <= all.pages.pages_held.max(64));
 }
+
+/// A long-lived block (the buddy) freed on a stream the device never gets to — paused, its fences never
+/// complete — six hundred times over: each free orders the buddy's stream after that stream's work on
+/// the device and returns, with no host wait (it would hang) and nothing kept back. Found by the
+/// property test's all-tiers configuration: past 256 outstanding fences a free used to wait on the host
+/// for the oldest.
+#[test]
+fn buddy_blocks_freed_on_a_stalled_stream_never_wait_on_the_host() {
+    let dev = sim(8 * GIB);
+    let pool = pool_on(&dev, Config::parse("experimental.long_tier:buddy").unwrap());
+    let t = dev.stream_create().unwrap();
+    // The pool's first sight of a second stream synchronizes the device once (ARCHITECTURE.md, "Front
+    // caches"): that is before the stall.
+    let b = pool.alloc(3 * MIB, 0, hint(Lifetime::Long)).unwrap();
+    pool.free(b.ptr, t).unwrap();
+    dev.pause_stream(t).unwrap();
+    let work = dev.event_create().unwrap();
+    let host_waits = dev.call_counts().waits;
+    for i in 0..600 {
+        let b = pool.alloc(3 * MIB, 0, hint(Lifetime::Long)).unwrap();
+        assert_eq!(b.tier, Tier::Buddy);
+        dev.event_record(work, t).unwrap();
+        assert_eq!(pool.free(b.ptr, t).unwrap(), b.size, "free {i}");
+        assert!(
+            dev.waits_for_event(0, work),
+            "free {i}: stream 0 waits for t's work"
+        );
+    }
+    assert_eq!(dev.call_counts().waits, host_waits, "no host wait");
+    assert_eq!(pool.allocated(), 0);
+    dev.resume_stream(t).unwrap();
+    dev.synchronize().unwrap();
+    pool.trim();
+    assert_eq!(pool.reserved_now(), 0, "nothing kept back");
+}
