@@ -1921,11 +1921,7 @@ impl PagePool {
                 if pidx == first + 1 && last > first + 1 && lazy {
                     let (a, b) = (pidx as usize, last as usize - 1);
                     if release_sole(&mut r.hot[a..=b], epoch) {
-                        let stamp = match bit {
-                            Some(bit) => bit,
-                            None if !own_stream => UNKNOWN_STREAM,
-                            None => 0,
-                        };
+                        let stamp = left_free_stamp(bit, own_stream);
                         if stamp != 0 {
                             for p in &mut r.pages[a..=b] {
                                 p.freed_on |= stamp;
@@ -1964,11 +1960,7 @@ impl PagePool {
                 }
                 p.set_freed(epoch);
                 let backed = p.backed();
-                // Regions of a stream of their own never stamp (their stream is the answer); in the
-                // others a free with no stream known makes the page's next reuse synchronize.
-                if freed_on.is_none() && !own_stream {
-                    r.pages[i].freed_on |= UNKNOWN_STREAM;
-                }
+                r.pages[i].freed_on |= left_free_stamp(bit, own_stream);
                 released += 1;
                 if !backed {
                     // Asleep (a referenced page is backed otherwise): nothing is mapped to free; its
@@ -2128,6 +2120,19 @@ impl Drop for PagePool {
                 log::error!("gen-vmm: freeing a pinned buffer at drop failed: {e}");
             }
         }
+    }
+}
+
+/// The [`Page::freed_on`] bits a page a decommit leaves free gets: the freeing stream's bit (whoever
+/// reuses it next waits for that stream), else — in a region with no stream of its own — the unknown
+/// stream's (its next reuse elsewhere synchronizes), else none (a region of one stream: its stream is
+/// the answer). The inner-page step and the page-by-page walk of `decommit_locked_on` both apply it.
+#[inline]
+fn left_free_stamp(bit: Option<u64>, own_stream: bool) -> u64 {
+    match bit {
+        Some(bit) => bit,
+        None if !own_stream => UNKNOWN_STREAM,
+        None => 0,
     }
 }
 

@@ -1031,11 +1031,12 @@ impl Pool {
         match self.slab.free(ptr, stream) {
             Ok(_) => {}
             Err(TierError::Vmm(VmmError::Capturing(why))) => {
-                // As in `free_block`: back to the slab at the first call after the capture.
+                // As in `free_block`: back to the slab at the first call after the capture. Counted
+                // at its class's size, the slot it holds (as a kept block `unpark` defers).
                 log::debug!("genpool: free of {ptr:#x} deferred during a capture ({why})");
                 self.defer(Deferred {
                     ptr,
-                    size: w.size(),
+                    size: self.slab.size_classes().size(ci),
                     tier: Tier::Slab,
                     stream,
                 });

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Session 17: why the engine's CUDA replay of gpt2_prefetch (a second stream: no plan, shared-arena
+# ordering) costs ~290 ns a call on the H100 host when gpt2_train_fixed costs ~180 and the simulator has
+# them the other way round. perf (carried: .gpu/perfb.tar.xz) over 60 passes of each, by DSO and symbol.
+set -uo pipefail
+STEPS_DEFAULT=x
+. "$(dirname "$0")/env.sh"
+carried_perf
+{ nvidia-smi --query-gpu=name --format=csv,noheader; nproc; } > "$OUT/machine.txt" 2>&1
+for t in ${TRACES:-gpt2_prefetch gpt2_train_fixed}; do
+  timeout 120 $PERF record -F 4999 -g -o /tmp/$t.data -- "$G"/bin/genpool replay benches/traces/$t.csv.gz --device cuda --passes ${PASSES:-60} --json > "$OUT/$t.run.jsonl" 2> "$OUT/$t.err"
+  $PERF report -i /tmp/$t.data --no-children --sort dso --stdio 2>/dev/null | grep -E "^ +[0-9]" | head -8 > "$OUT/$t.dso.txt"
+  $PERF report -i /tmp/$t.data --no-children --sort dso,sym --percent-limit 0.4 --stdio -g none 2>/dev/null | grep -E "^ +[0-9]" | head -60 > "$OUT/$t.sym.txt"
+done
+for t in ${TRACES:-gpt2_prefetch gpt2_train_fixed}; do
+  echo "== $t"; python3 -c "
+import json,sys
+for l in open('$OUT/$t.run.jsonl'):
+    if l.startswith('{'):
+        d=json.loads(l); print(round(d['ns_per_op']), d['warm_calls'])
+"
+  cat "$OUT/$t.dso.txt"; head -40 "$OUT/$t.sym.txt"
+done
