@@ -1094,7 +1094,8 @@ impl PagePool {
     /// are recorded again rather than waited for when their queues are full, so only this bounds the
     /// lag; it takes 2^29 fences recorded while none completes.
     fn bound_epoch_lag(&self, g: &mut Inner) -> Result<(), VmmError> {
-        if g.epoch.saturating_sub(g.done_epoch) >= MAX_EPOCH_LAG {
+        // Never during a capture (a synchronize would invalidate it): the bound waits for the next call.
+        if g.epoch.saturating_sub(g.done_epoch) >= MAX_EPOCH_LAG && !self.capturing() {
             self.device.synchronize()?;
             g.stats.syncs += 1;
             self.all_complete(g);
