@@ -603,11 +603,13 @@ def spawn(name, mode, keep):
     return {"probe": name, "mode": mode, "ok": False, "error": f"exit {res.returncode}: {tail}"}
 
 
-def table(results, modes):
+def table(results, modes, names=None):
+    """The Markdown table of `results` (probes `names`, default this suite's) and how many probes pass
+    under native and fail under genpool; figures both report that differ are noted."""
     by = {(r["probe"], r["mode"]): r for r in results}
     lines = ["| probe | " + " | ".join(modes) + " | note |", "|---|" + "---|" * (len(modes) + 1)]
     regress = 0
-    for name in PROBES:
+    for name in (names or PROBES):
         cells, notes = [], []
         for m in modes:
             r = by.get((name, m))

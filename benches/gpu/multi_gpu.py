@@ -252,27 +252,11 @@ def main():
         with open(a.json, "w") as f:
             for r in results:
                 f.write(json.dumps(r) + "\n")
-    modes = a.modes.split(",")
-    by = {(r["probe"], r["mode"]): r for r in results}
-    print("| probe | " + " | ".join(modes) + " | note |")
-    print("|---|" + "---|" * (len(modes) + 1))
-    regress = 0
-    for name in PROBES:
-        cells, notes = [], []
-        for m in modes:
-            r = by.get((name, m))
-            cells.append("—" if r is None else ("pass" if r["ok"] else "**fail**"))
-            if r is not None and not r["ok"]:
-                notes.append(f"{m}: {r['error'][:160]}")
-        n, g = by.get((name, "native")), by.get((name, "genpool"))
-        if n and g and n["ok"] and not g["ok"]:
-            regress += 1
-            notes.insert(0, "REGRESSION under genpool")
-        if n and g and n["ok"] and g["ok"]:
-            for k, v in n["figures"].items():
-                if g["figures"].get(k) != v:
-                    notes.append(f"{k}: native {v}, genpool {g['figures'].get(k)}")
-        print(f"| {name} | " + " | ".join(cells) + " | " + "; ".join(notes).replace("|", "/") + " |")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from compat import table  # the compatibility suite's table: same columns, same regression rule
+
+    md, regress = table(results, a.modes.split(","), list(PROBES))
+    print(md)
     print(f"multi_gpu: {sum(r['ok'] for r in results)} passed, {sum(not r['ok'] for r in results)} "
           f"failed; {regress} pass under native and fail under genpool")
     return 1 if regress else 0
