@@ -179,23 +179,29 @@ fn lazy_frees_stamp_and_the_next_user_waits_only_for_the_streams_named() {
     dev.resume_stream(t).unwrap();
 }
 
-/// A stamp names streams by their place in the handoff: more freers than it has bits for share the
-/// last, and a user of their bytes waits for every one of them.
+/// A stamp names streams by their place in the handoff: more freers than it has bits (16) share them by
+/// residue, and a user of their bytes waits for every freer of the bit — and for no other.
 #[test]
-fn lazy_stamps_past_their_bits_name_every_later_freer() {
+fn lazy_stamps_past_their_bits_name_the_freers_sharing_a_bit() {
     let (dev, pages) = setup();
-    let streams: Vec<u64> = (0..20).map(|_| dev.stream_create().unwrap()).collect();
+    let streams: Vec<u64> = (0..40).map(|_| dev.stream_create().unwrap()).collect();
     for &s in &streams {
         busy(&dev, s);
     }
     let h = Handoff::new();
     let stamps: Vec<_> = streams.iter().map(|&s| h.freed_lazily(s)).collect();
     let user = dev.stream_create().unwrap();
-    // The last freer's bytes: ordered after it and after every other freer past the bits.
+    // The 20th freer's bytes (bit 3): ordered after the freers 3, 19 and 35, no other.
     h.before_use(&pages, user, stamps[19]).unwrap();
     for (i, &s) in streams.iter().enumerate() {
-        assert_eq!(dev.waits_on(user, s), i >= 15, "stream {i}");
+        assert_eq!(dev.waits_on(user, s), i % 16 == 3, "stream {i}");
     }
+    assert!(!h.pending(user, stamps[19]));
+    assert!(
+        !h.pending(user, stamps[35]),
+        "a stamp of the same bit needs nothing more"
+    );
+    assert!(h.pending(user, stamps[4]));
     for &s in &streams {
         dev.resume_stream(s).unwrap();
     }

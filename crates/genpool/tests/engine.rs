@@ -906,3 +906,62 @@ fn buddy_blocks_freed_on_a_stalled_stream_never_wait_on_the_host() {
     pool.trim();
     assert_eq!(pool.reserved_now(), 0, "nothing kept back");
 }
+
+/// A hundred streams (more than a page's stream mask, a stamp's bits and the slab's stream slots can
+/// name), each allocating small and large blocks, a third of them freed on the next stream: every call
+/// succeeds, nothing overlaps, and everything comes back. (Before session 17 the shared arena's
+/// ordering searched lists that grow with the square of the streams: this test took 8.4 s, 0.24 s now.)
+#[test]
+fn a_hundred_streams_allocate_and_hand_blocks_over() {
+    let dev = sim(8 * GIB);
+    let pool = pool_on(&dev, Config::default());
+    let streams: Vec<u64> = (0..100).map(|_| dev.stream_create().unwrap()).collect();
+    let mut live: Vec<(u64, u64, usize)> = Vec::new();
+    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+    for round in 0..40 {
+        for (i, &s) in streams.iter().enumerate() {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let size = match rng % 4 {
+                0 => 512 + rng % 3584,
+                1 => 64 * 1024 + rng % (1 << 20),
+                2 => 2 * MIB + rng % (6 * MIB),
+                _ => 16 * MIB,
+            };
+            let b = pool
+                .alloc(size, s, Hint::NONE)
+                .unwrap_or_else(|e| panic!("round {round}, stream {i}: {e}"));
+            live.push((b.ptr, b.size, i));
+        }
+        // Free about two thirds, a third of those on the next stream (a hand-over).
+        let mut keep = Vec::new();
+        for (k, (ptr, size, i)) in live.drain(..).enumerate() {
+            if k % 3 == 0 {
+                keep.push((ptr, size, i));
+                continue;
+            }
+            let on = if k % 3 == 1 {
+                i
+            } else {
+                (i + 1) % streams.len()
+            };
+            assert_eq!(pool.free(ptr, streams[on]).unwrap(), size);
+        }
+        live = keep;
+        let mut spans: Vec<(u64, u64)> = live.iter().map(|&(p, s, _)| (p, p + s)).collect();
+        spans.sort_unstable();
+        for w in spans.windows(2) {
+            assert!(
+                w[0].1 <= w[1].0,
+                "round {round}: live blocks overlap: {w:?}"
+            );
+        }
+    }
+    for (ptr, size, i) in live {
+        assert_eq!(pool.free(ptr, streams[i]).unwrap(), size);
+    }
+    assert_eq!(pool.allocated(), 0);
+    pool.trim();
+    assert_eq!(pool.reserved_now(), 0);
+}
