@@ -21,3 +21,12 @@ for l in open('$OUT/$t.run.jsonl'):
 "
   cat "$OUT/$t.dso.txt"; head -40 "$OUT/$t.sym.txt"
 done
+# The many-streams handoff change (this build against the session's start, bin/genpool-start): the
+# four-stream serving trace, both builds taking turns, two rounds.
+if [ -x "$G"/bin/genpool-start ]; then
+  for r in 1 2; do for b in genpool-start genpool; do
+    echo "$b round $r $(timeout 60 "$G"/bin/$b replay benches/traces/bert_serve_4streams.csv.gz --device cuda --passes 4 --json 2>/dev/null | python3 -c "
+import json,sys
+d=json.loads(sys.stdin.readline()); print(round(d['ratio'],4), round(d['ns_per_op']), [round(x) for x in d['ns_per_op_passes']], d['warm_calls'])")"
+  done; done
+fi
