@@ -563,19 +563,26 @@ def p_sleep_wake_stats(torch):
 # ----- runner ------------------------------------------------------------------------------------
 
 
-def run_one(names, mode):
-    """Run the probes `names` (comma-separated; "all") in this process, one JSON line each."""
-    os.environ["COMPAT_MODE"] = mode
+def install(mode):
+    """Make `mode` PyTorch's allocator in this process (before torch touches CUDA)."""
     if mode == "expandable":
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = MODES[mode]
     if mode == "genpool":
         import genpool_torch
         genpool_torch.install()
+
+
+def run_one(names, mode, probes=None):
+    """Run the probes `names` (comma-separated; "all") of `probes` (default this suite's) in this
+    process under `mode`, one JSON line each."""
+    probes = PROBES if probes is None else probes
+    os.environ["COMPAT_MODE"] = mode
+    install(mode)
     import torch
-    for name in (list(PROBES) if names == "all" else names.split(",")):
+    for name in (list(probes) if names == "all" else names.split(",")):
         t0 = time.time()
         try:
-            figures = PROBES[name](torch) or {}
+            figures = probes[name](torch) or {}
             out = {"probe": name, "mode": mode, "ok": True, "figures": figures}
         except Exception as e:  # noqa: BLE001 - a probe's failure is its result
             out = {"probe": name, "mode": mode, "ok": False, "error": f"{type(e).__name__}: {e}"[:400]}

@@ -18,9 +18,10 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
-MIB = 1 << 20
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compat import MIB, check, install, run_one, table  # noqa: E402 - the suite's pieces, shared
+
 TIMEOUT = int(os.environ.get("MULTI_GPU_TIMEOUT", "240"))
 PROBES = {}
 
@@ -30,21 +31,8 @@ def probe(fn):
     return fn
 
 
-def check(cond, what):
-    if not cond:
-        raise AssertionError(what)
-
-
 def need_two(torch):
     check(torch.cuda.device_count() >= 2, f"two GPUs needed, {torch.cuda.device_count()} found")
-
-
-def install(mode):
-    if mode == "expandable":
-        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-    if mode == "genpool":
-        import genpool_torch
-        genpool_torch.install()
 
 
 @probe
@@ -208,19 +196,7 @@ def p_ipc_to_other_device(torch):
 
 def run_mode(mode):
     os.environ["MULTI_GPU_MODE"] = mode
-    install(mode)
-    import torch
-    for name, fn in PROBES.items():
-        t0 = time.time()
-        try:
-            out = {"probe": name, "mode": mode, "ok": True, "figures": fn(torch) or {}}
-        except Exception as e:  # noqa: BLE001 - a probe's failure is its result
-            out = {"probe": name, "mode": mode, "ok": False, "error": f"{type(e).__name__}: {e}"[:400]}
-        if mode == "genpool":
-            import genpool_torch
-            out["genpool_backend"] = genpool_torch.active_backend()
-        out["seconds"] = round(time.time() - t0, 2)
-        print(json.dumps(out), flush=True)
+    run_one("all", mode, PROBES)
 
 
 def main():
@@ -252,9 +228,6 @@ def main():
         with open(a.json, "w") as f:
             for r in results:
                 f.write(json.dumps(r) + "\n")
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from compat import table  # the compatibility suite's table: same columns, same regression rule
-
     md, regress = table(results, a.modes.split(","), list(PROBES))
     print(md)
     print(f"multi_gpu: {sum(r['ok'] for r in results)} passed, {sum(not r['ok'] for r in results)} "
