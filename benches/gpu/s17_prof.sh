@@ -21,7 +21,7 @@ for l in open('$OUT/$t.run.jsonl'):
 "
   cat "$OUT/$t.dso.txt"; head -40 "$OUT/$t.sym.txt"
 done
-# The many-streams handoff change (this build against the session's start, bin/genpool-start): the
+# The many-streams handoff change (this build against an earlier one staged as bin/genpool-start — in call 2, e42bde1): the
 # four-stream serving trace, both builds taking turns, two rounds.
 if [ -x "$G"/bin/genpool-start ]; then
   for r in 1 2; do for b in genpool-start genpool; do
