@@ -2544,3 +2544,60 @@ impl Drop for Region {
         }
     }
 }
+
+#[cfg(test)]
+mod epoch_lag_tests {
+    use super::*;
+    use gen_device::sim::SimDevice;
+
+    fn pool() -> (Arc<SimDevice>, Arc<PagePool>) {
+        let dev = Arc::new(SimDevice::new());
+        let pages =
+            PagePool::new(dev.clone() as Arc<dyn Device>, PagePoolConfig::default()).unwrap();
+        (dev, pages)
+    }
+
+    /// Fences recorded again instead of waited for leave only the lag bound to keep the epochs of work
+    /// not known complete inside the window pages compare them in: at `MAX_EPOCH_LAG` a fence first
+    /// synchronizes (everything is then complete), below it not; during a capture never.
+    #[test]
+    fn the_epoch_lag_is_bounded_by_one_synchronize_and_never_during_a_capture() {
+        let (dev, pages) = pool();
+        let (s, t) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
+        // Just below the bound: an ordering records a fence, no synchronize.
+        {
+            let mut g = pages.inner.lock();
+            g.epoch = g.done_epoch + MAX_EPOCH_LAG - 1;
+        }
+        let syncs = dev.call_counts().device_syncs;
+        pages.order_after(s, t).unwrap();
+        assert_eq!(dev.call_counts().device_syncs, syncs);
+        // At the bound: one synchronize, and every earlier epoch is then complete.
+        {
+            let mut g = pages.inner.lock();
+            g.epoch = g.done_epoch + MAX_EPOCH_LAG;
+        }
+        pages.order_after(s, t).unwrap();
+        assert_eq!(dev.call_counts().device_syncs, syncs + 1);
+        {
+            let g = pages.inner.lock();
+            assert!(
+                g.epoch - g.done_epoch < 4,
+                "all complete after the synchronize"
+            );
+        }
+        // During a capture the bound waits: the device-wide fence records without a synchronize.
+        {
+            let mut g = pages.inner.lock();
+            g.epoch = g.done_epoch + MAX_EPOCH_LAG;
+        }
+        dev.captures().begin();
+        {
+            let mut g = pages.inner.lock();
+            g.fence_stream = Some(s);
+            assert!(pages.record_fence(&mut g), "a fence, no synchronize");
+        }
+        assert!(dev.captures().end());
+        assert_eq!(dev.call_counts().device_syncs, syncs + 1);
+    }
+}
