@@ -636,6 +636,16 @@ def table(results, modes, names=None):
     return "\n".join(lines), regress
 
 
+def summary(label, results, modes, names=None):
+    """Print the table of `results` and a line of counts; returns the table and the exit status (1 when
+    a probe passes under native and fails under genpool)."""
+    md, regress = table(results, modes, names)
+    print(md)
+    print(f"{label}: {sum(r['ok'] for r in results)} passed, {sum(not r['ok'] for r in results)} "
+          f"failed; {regress} pass under native and fail under genpool")
+    return md, 1 if regress else 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--modes", default="native,expandable,genpool")
@@ -671,14 +681,11 @@ def main():
         results = list(ex.map(one, jobs))
     if stream:
         stream.close()
-    md, regress = table(results, modes)
+    md, rc = summary("compat", results, modes)
     if a.md:
         with open(a.md, "w") as f:
             f.write(md + "\n")
-    print(md)
-    print(f"compat: {sum(r['ok'] for r in results)} passed, {sum(not r['ok'] for r in results)} failed; "
-          f"{regress} pass under native and fail under genpool")
-    return 1 if regress else 0
+    return rc
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compat import MIB, check, install, run_one, table  # noqa: E402 - the suite's pieces, shared
+from compat import MIB, check, install, run_one, summary  # noqa: E402 - the suite's pieces, shared
 
 TIMEOUT = int(os.environ.get("MULTI_GPU_TIMEOUT", "240"))
 PROBES = {}
@@ -228,11 +228,7 @@ def main():
         with open(a.json, "w") as f:
             for r in results:
                 f.write(json.dumps(r) + "\n")
-    md, regress = table(results, a.modes.split(","), list(PROBES))
-    print(md)
-    print(f"multi_gpu: {sum(r['ok'] for r in results)} passed, {sum(not r['ok'] for r in results)} "
-          f"failed; {regress} pass under native and fail under genpool")
-    return 1 if regress else 0
+    return summary("multi_gpu", results, a.modes.split(","), list(PROBES))[1]
 
 
 if __name__ == "__main__":

@@ -353,27 +353,17 @@ impl Handoff {
                 None => {
                     let now = p.seq;
                     if let Some(epoch) = order(pages, stream, s)? {
-                        if p.fenced.len() <= i {
-                            p.fenced.resize(i + 1, (0, 0));
-                        }
-                        p.fenced[i] = (now, epoch);
+                        *at_slot(&mut p.fenced, i) = (now, epoch);
                     }
                     now
                 }
             };
-            let r = match row {
-                Some(r) => r,
-                None => {
-                    p.ordered.push((stream, Vec::new()));
-                    row = Some(p.ordered.len() - 1);
-                    p.ordered.len() - 1
-                }
-            };
-            let cells = &mut p.ordered[r].1;
-            if cells.len() <= i {
-                cells.resize(i + 1, 0);
-            }
-            cells[i] = cells[i].max(covered);
+            let r = *row.get_or_insert_with(|| {
+                p.ordered.push((stream, Vec::new()));
+                p.ordered.len() - 1
+            });
+            let done = at_slot(&mut p.ordered[r].1, i);
+            *done = (*done).max(covered);
         }
         Ok(())
     }
@@ -408,6 +398,15 @@ impl Handoff {
         };
         self.sole.store(sole, Ordering::SeqCst);
     }
+}
+
+/// Slot `i` of a table indexed by freer slot, the table grown with empty entries (zero: nothing
+/// recorded) to hold it.
+fn at_slot<T: Default + Clone>(table: &mut Vec<T>, i: usize) -> &mut T {
+    if table.len() <= i {
+        table.resize(i + 1, T::default());
+    }
+    &mut table[i]
 }
 
 /// Make `stream` wait for `after`'s queued work: on the device (returns the fence's epoch), or, when the

@@ -969,31 +969,44 @@ impl PagePool {
         if g.stream_fences[i].fences.len() >= MAX_FENCES {
             self.poll_fences(g);
         }
-        if g.stream_fences[i].fences.len() >= MAX_FENCES {
-            // Bound the queue without a host wait (the device lags far behind this stream's fences, or
-            // the stream waits on work the host has yet to queue): record the newest fence again, here.
-            // Stream waits already queued on it keep the point it had then (a wait takes an event's
-            // latest record at the time of the call), and its completion now says more (the later
-            // epoch), never less than is true: what it covered stays pending until this point is done.
-            let e = g.epoch;
-            let back = g.stream_fences[i].fences.back_mut().expect("a full queue");
+        self.push_fence(g, Some(i), stream)
+    }
+
+    /// Record a fence on `stream` into a queue (`None`: the device-wide fences; `Some(i)`: stream fences
+    /// `i`) at the current epoch, which it then advances: a new event, or — the queue full — its newest
+    /// recorded again, here, so that the queue stays bounded without a host wait (the device lags far
+    /// behind, or the stream waits on work the host has yet to queue). Stream waits already queued on
+    /// that event keep the point it had then (a wait takes an event's latest record at the time of the
+    /// call), and its completion now says more (the later epoch), never less than is true: what it
+    /// covered stays pending until this point is done. Returns the event and its epoch.
+    fn push_fence(
+        &self,
+        g: &mut Inner,
+        queue: Option<usize>,
+        stream: StreamId,
+    ) -> Result<(EventHandle, u64), VmmError> {
+        let e = g.epoch;
+        let q = match queue {
+            None => &mut g.fences,
+            Some(i) => &mut g.stream_fences[i].fences,
+        };
+        let ev = if q.len() >= MAX_FENCES {
+            let back = q.back_mut().expect("a full queue");
             self.device.event_record(back.1, stream)?;
             back.0 = e;
-            let ev = back.1;
-            g.epoch += 1;
-            g.stats.fences += 1;
-            return Ok((ev, e));
-        }
-        let ev = match g.spare_events.pop() {
-            Some(ev) => ev,
-            None => self.device.event_create()?,
+            back.1
+        } else {
+            let ev = match g.spare_events.pop() {
+                Some(ev) => ev,
+                None => self.device.event_create()?,
+            };
+            if let Err(err) = self.device.event_record(ev, stream) {
+                g.spare_events.push(ev);
+                return Err(err.into());
+            }
+            q.push_back((e, ev));
+            ev
         };
-        if let Err(e) = self.device.event_record(ev, stream) {
-            g.spare_events.push(ev);
-            return Err(e.into());
-        }
-        let e = g.epoch;
-        g.stream_fences[i].fences.push_back((e, ev));
         g.epoch += 1;
         g.stats.fences += 1;
         Ok((ev, e))
@@ -1054,39 +1067,13 @@ impl PagePool {
             log::debug!("gen-vmm: bounding the fences' lag: {e}");
             return false;
         }
-        if g.fences.len() >= MAX_FENCES {
-            // Full: record the newest fence again, here (no host wait; see `fence_on`).
-            let epoch = g.epoch;
-            let back = g.fences.back_mut().expect("a full queue");
-            if let Err(e) = self.device.event_record(back.1, stream) {
+        match self.push_fence(g, None, stream) {
+            Ok(_) => true,
+            Err(e) => {
                 log::debug!("gen-vmm: recording a fence on stream {stream:#x}: {e}");
-                return false;
+                false
             }
-            back.0 = epoch;
-            g.epoch += 1;
-            g.stats.fences += 1;
-            return true;
         }
-        let ev = match g.spare_events.pop() {
-            Some(ev) => ev,
-            None => match self.device.event_create() {
-                Ok(ev) => ev,
-                Err(e) => {
-                    log::debug!("gen-vmm: creating a fence event: {e}");
-                    return false;
-                }
-            },
-        };
-        if let Err(e) = self.device.event_record(ev, stream) {
-            log::debug!("gen-vmm: recording a fence on stream {stream:#x}: {e}");
-            g.spare_events.push(ev);
-            return false;
-        }
-        let epoch = g.epoch;
-        g.fences.push_back((epoch, ev));
-        g.epoch += 1;
-        g.stats.fences += 1;
-        true
     }
 
     /// Keep the epochs of work not known complete within [`MAX_EPOCH_LAG`] of the newest, the window in
