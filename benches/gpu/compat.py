@@ -560,6 +560,233 @@ def p_sleep_wake_stats(torch):
     return {"released_mib": (reserved - asleep) // MIB}
 
 
+# ----- everyday training paths (session 18) ------------------------------------------------------
+
+
+def _free_port():
+    import socket
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        return so.getsockname()[1]
+
+
+def _train(torch, model, step, steps=6, shapes=(64,)):
+    """A few SGD steps of `step` (the model, compiled or wrapped) on seeded inputs; the losses, rounded."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    torch.manual_seed(1)
+    losses = []
+    for i in range(steps):
+        x = torch.randn(shapes[i % len(shapes)], 512, device="cuda")
+        loss = step(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(round(loss.item(), 4))
+    return losses
+
+
+@probe
+def p_compile_default(torch):
+    # torch.compile's default mode (Inductor, no CUDA graphs), two shapes: a recompile in between.
+    model = _graph_model(torch)
+    return {"losses": _train(torch, model, torch.compile(model), 6, (64, 48))}
+
+
+@probe
+def p_make_graphed_callables(torch):
+    # A module graphed forward and backward (torch.cuda.make_graphed_callables) trains as its eager twin.
+    import copy
+    model = _graph_model(torch)
+    twin = copy.deepcopy(model)
+    graphed = torch.cuda.make_graphed_callables(model, (torch.randn(64, 512, device="cuda"),))
+    losses = _train(torch, model, graphed, 8)
+    eager = _train(torch, twin, twin, 8)
+    check(all(abs(a - b) <= 1e-3 * max(1.0, abs(b)) for a, b in zip(losses, eager)),
+          f"graphed {losses} vs eager {eager}")
+    return {"losses": losses}
+
+
+@probe
+def p_storage_resize(torch):
+    # FSDP's pattern: a parameter's storage freed with resize_(0) and brought back with resize_(n).
+    n = 4 * MIB
+    x = torch.arange(n // 4, device="cuda", dtype=torch.float32)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    st = x.untyped_storage()
+    st.resize_(0)
+    freed = base - torch.cuda.memory_allocated()
+    check(freed == n, f"resize_(0) released {freed} bytes, not {n}")
+    st.resize_(n)
+    check(torch.cuda.memory_allocated() == base, "resize_(n) allocates it again")
+    x.copy_(torch.arange(n // 4, device="cuda", dtype=torch.float32))
+    st.resize_(2 * n)  # growing keeps the first n bytes
+    y = torch.empty(0, device="cuda").set_(st, 0, (n // 4,))
+    check(bool((y == torch.arange(n // 4, device="cuda", dtype=torch.float32)).all()),
+          "a grown storage keeps its bytes")
+    return {"freed": freed, "grown": torch.cuda.memory_allocated() - base}
+
+
+@probe
+def p_accelerator_memory_api(torch):
+    # The device-generic API (torch.accelerator.*) reads the same allocator.
+    torch.accelerator.reset_peak_memory_stats()
+    x = torch.empty(3 * MIB, dtype=torch.uint8, device="cuda")
+    a = torch.accelerator.memory_allocated()
+    check(a == torch.cuda.memory_allocated(), "accelerator and cuda agree on allocated bytes")
+    check(torch.accelerator.max_memory_allocated() >= a, "peak")
+    check(torch.accelerator.memory_reserved() >= a, "reserved")
+    st = torch.accelerator.memory_stats()
+    check(st["allocated_bytes.all.current"] == a, "memory_stats")
+    free, total = torch.accelerator.get_memory_info()
+    check(0 < free <= total, "memory info")
+    del x
+    return {"allocated": a}
+
+
+@probe
+def p_memory_snapshot(torch):
+    # The public snapshot: a live tensor's block is an active block of a segment that holds it.
+    x = torch.empty(5 * MIB, dtype=torch.uint8, device="cuda")
+    p = x.data_ptr()
+    found = [b for s in torch.cuda.memory_snapshot() for b in s["blocks"]
+             if b["state"] == "active_allocated" and b["address"] == p]
+    check(len(found) == 1, f"the tensor's block in the snapshot ({len(found)})")
+    return {"block_size": found[0]["size"]}
+
+
+@probe
+def p_allocator_settings_at_runtime(torch):
+    # Libraries change allocator settings at run time (vLLM turns expandable segments off for its
+    # sleep mode): accepted, and the allocator keeps working.
+    torch.cuda.memory._set_allocator_settings("garbage_collection_threshold:0.8")
+    torch.cuda.memory._set_allocator_settings("expandable_segments:False")
+    x = torch.ones(16 * MIB // 4, device="cuda")
+    check(float(x.sum()) == x.numel(), "allocations after the settings change")
+    return {}
+
+
+@probe
+def p_sdpa_kernels(torch):
+    # Flash and memory-efficient attention (their workspaces come from the allocator) agree with math.
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(4, 8, 512, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    outs = {}
+    for b in (SDPBackend.MATH, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
+        with sdpa_kernel(b):
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            gq, = torch.autograd.grad(o.float().square().sum(), q)
+        outs[b] = (o.float(), gq.float())
+    ref = outs[SDPBackend.MATH]
+    for b in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
+        check(torch.allclose(outs[b][0], ref[0], atol=3e-2), f"{b} output")
+        check(torch.allclose(outs[b][1], ref[1], atol=0.5, rtol=5e-2), f"{b} gradient")
+    return {}
+
+
+@probe
+def p_amp_checkpoint_scaler(torch):
+    # Mixed precision with a gradient scaler and activation checkpointing.
+    from torch.utils.checkpoint import checkpoint
+    torch.manual_seed(0)
+    blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.GELU(),
+                                                     torch.nn.Linear(1024, 512)) for _ in range(4)).cuda()
+    opt = torch.optim.AdamW(blocks.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cuda")
+    torch.manual_seed(1)
+    losses = []
+    for _ in range(6):
+        x = torch.randn(128, 512, device="cuda")
+        with torch.autocast("cuda", dtype=torch.float16):
+            for b in blocks:
+                x = x + checkpoint(b, x, use_reentrant=False)
+            loss = x.float().square().mean()
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        losses.append(round(loss.item(), 3))
+    return {"losses": losses}
+
+
+@probe
+def p_streams_churn_correct(torch):
+    # Blocks allocated on a side stream, used there, handed to the default stream (record_stream) and
+    # freed, while the default stream allocates too: 300 rounds of sizes from 1 to 48 MiB; every result
+    # must be exact (a block reused before its last user finished would corrupt one).
+    import random
+    rng = random.Random(7)
+    side = torch.cuda.Stream()
+    cur = torch.cuda.current_stream()
+    sums, want = [], []
+    for i in range(300):
+        n = rng.randint(1, 48) * MIB // 4
+        side.wait_stream(cur)
+        with torch.cuda.stream(side):
+            x = torch.full((n,), float(i % 97), device="cuda")
+            y = x * 2
+        del x
+        cur.wait_stream(side)
+        y.record_stream(cur)
+        sums.append(y.sum())
+        want.append(2.0 * (i % 97) * n)
+        del y
+        w = torch.ones(rng.randint(1, 48) * MIB // 4, device="cuda")
+        sums.append(w.sum())
+        want.append(float(w.numel()))
+        del w
+    torch.cuda.synchronize()
+    bad = [i for i, (s, w) in enumerate(zip(sums, want)) if float(s) != w]
+    check(not bad, f"{len(bad)} wrong results, first at {bad[:3]}")
+    return {}
+
+
+def _dist_init(torch):
+    import torch.distributed as dist
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(_free_port())
+    dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
+    return dist
+
+
+@probe
+def p_ddp_nccl_one_rank(torch):
+    # DistributedDataParallel over NCCL with one rank (NCCL's buffers and the reducer's buckets come
+    # from the allocator; the process group registers with it).
+    dist = _dist_init(torch)
+    try:
+        model = _graph_model(torch)
+        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0])
+        losses = _train(torch, model, ddp, 6)
+        t = torch.full((1 << 20,), 3.0, device="cuda")
+        dist.all_reduce(t)
+        check(bool((t == 3.0).all()), "all_reduce over one rank")
+    finally:
+        dist.destroy_process_group()
+    return {"losses": losses}
+
+
+@probe
+def p_fsdp2_one_rank(torch):
+    # FSDP2 (fully_shard) over one rank: sharded parameters freed and re-gathered each step (storage
+    # resizes, its own streams and events).
+    from torch.distributed.fsdp import fully_shard
+    dist = _dist_init(torch)
+    try:
+        model = _graph_model(torch)
+        for m in model:
+            if isinstance(m, torch.nn.Linear):
+                fully_shard(m)
+        fully_shard(model)
+        losses = _train(torch, model, model, 6)
+    finally:
+        dist.destroy_process_group()
+    return {"losses": losses}
+
+
 # ----- runner ------------------------------------------------------------------------------------
 
 
@@ -675,7 +902,8 @@ def main():
 
     # The slow probes first, so they overlap the rest.
     slow = ("compile_reduce_overhead", "compile_graph_tree_branches", "ipc_share_tensor",
-            "ipc_share_tensor_genpool_child", "cudnn_benchmark")
+            "ipc_share_tensor_genpool_child", "cudnn_benchmark", "compile_default", "fsdp2_one_rank",
+            "ddp_nccl_one_rank", "make_graphed_callables")
     jobs.sort(key=lambda nm: nm[0] not in slow)
     with ThreadPoolExecutor(a.jobs) as ex:
         results = list(ex.map(one, jobs))

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Session 18 on the GPU machine (.gpu/ staged by gpu-pack, then benches/gpu/pack_cuda_tests.sh: every
+# CUDA test target under a name of its own). Steps (STEPS, comma-separated; all by default):
+#   tests  every CUDA test binary of the workspace (gen-device's two, gen-stream's, genpool's two);
+#   compat the compatibility suite (benches/gpu/compat.py, 37 probes with session 18's eleven everyday
+#          training paths) under COMPAT_MODES (default native,expandable,genpool);
+#   cli    the engine's own CUDA replay of the ten traces (PASSES, default 5);
+#   torch  torch_replay.py (PyTorch's entry points) native / expandable / genpool on TORCH_TRACES.
+# Logs under $OUT; tables last.
+set -uo pipefail
+STEPS_DEFAULT=tests,compat,cli
+. "$(dirname "$0")/env.sh"
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; python3 -c "import torch; print(torch.__version__)"; } > "$OUT/machine.txt" 2>&1
+if has tests; then
+  for t in "$G"/tests/*; do
+    echo "== $(basename "$t")" >> "$OUT/cuda_tests.log"
+    timeout 200 "$t" --include-ignored --test-threads 1 >> "$OUT/cuda_tests.log" 2>&1
+    echo "$(basename "$t") rc=$?" >> "$OUT/cuda_tests.log"
+  done
+fi
+if has compat; then
+  timeout 420 python3 benches/gpu/compat.py --modes "${COMPAT_MODES:-native,expandable,genpool}" --jobs 8 --json "$OUT/compat.jsonl" --md "$OUT/compat.md" > "$OUT/compat.log" 2>&1
+fi
+if has cli; then
+  for t in resnet50_train gpt2_generate_kv vit_train_varres gpt2m_train_varlen bert_finetune_varlen gpt2_train_fixed llama_ckpt_varlen resnet_copy_overlap gpt2_prefetch bert_serve_4streams; do
+    timeout 90 "$G"/bin/genpool replay benches/traces/$t.csv.gz --device cuda --passes "${PASSES:-5}" --json 2>> "$OUT/cli.err" >> "$OUT/cli.jsonl"
+  done
+fi
+if has torch; then
+  tr=(); for t in ${TORCH_TRACES:-resnet50_train gpt2_generate_kv gpt2_train_fixed gpt2_prefetch}; do tr+=(benches/traces/$t.csv.gz); done
+  timeout 300 python3 benches/gpu/torch_replay.py "${tr[@]}" --modes native,expandable,genpool --reps "${REPS:-4}" > "$OUT/torch.jsonl" 2> "$OUT/torch.err"
+fi
+cat "$OUT/machine.txt"
+grep -E "test result|rc=|FAILED|panicked" "$OUT/cuda_tests.log" 2>/dev/null
+grep -E "^\| |compat:" "$OUT/compat.log" 2>/dev/null | grep -E "fail|REGRESSION|compat:|differ|: native" | head -40
+python3 - <<'PY'
+import json, os
+O = os.environ.get("OUT", "out")
+try:
+    for l in open(f"{O}/cli.jsonl"):
+        d = json.loads(l); w = d.get("warm_calls", {})
+        print("cli", d["trace"][:20].ljust(20), round(d["ratio"], 4), round(d["ns_per_op"]), [round(x) for x in d["ns_per_op_passes"]], "maps", w.get("maps"), "syncs", w.get("device_syncs"), "waits", w.get("waits"))
+except FileNotFoundError:
+    pass
+PY
+tail -3 "$OUT/cli.err" 2>/dev/null
+tail -20 "$OUT/torch.jsonl" 2>/dev/null | cut -c1-300
