@@ -29,8 +29,11 @@
 //!   the class would otherwise need new physical pages (memory pressure) does it `event_synchronize`;
 //! - while only one stream has ever been seen no event is ever recorded; when a second stream appears,
 //!   one `synchronize` makes every earlier free safe and moves those slots to the idle list;
-//! - frees on streams beyond the table ([`STREAM_SLOTS`] distinct streams) record one event per free
-//!   (a rare, slow path) and go to the pending list.
+//! - frees on streams beyond the table ([`STREAM_SLOTS`] distinct streams; PyTorch's stream pool hands
+//!   out 32 a priority) take a slower path under the class's mutex: the slot waits on a list of its
+//!   stream's own, where allocations on that stream take it back at once (stream order), and every
+//!   [`MIGRATE_BATCH`] such frees one event is recorded and the batch goes to the pending list (until
+//!   session 18: an event for every free).
 //!
 //! The hot path (`alloc` hitting its stream's list or the idle list; every `free` on a known stream) is
 //! lock-free and allocation-free: a size-class computation, a scan of the stream table, one pop or push, and
@@ -51,8 +54,8 @@
 //! makes no call a capture forbids: no event is queried or waited for (pending batches wait), no batch
 //! migrates (its event could land on the capturing stream), the second stream's synchronize waits
 //! (earlier frees stay on the first stream's lists: correct, only slower), reclaim gives nothing back,
-//! and a free on a stream beyond the table — which would record an event on that stream — is refused
-//! with [`gen_vmm::VmmError::Capturing`] (the block stays live). Carving new chunks is allowed.
+//! and a free on a stream beyond the table stays on its stream's own list with no event until the
+//! capture is over. Carving new chunks is allowed.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -192,6 +195,10 @@ struct ClassSlow {
     page_refs: Vec<u32>,
     /// Migrated batches waiting for their event.
     pending: Vec<Pending>,
+    /// Slots freed on streams beyond the stream table, per stream: reused by that stream at once, and
+    /// moved to `pending` under one event once [`MIGRATE_BATCH`] have gathered (or by a reclaim, or
+    /// under memory pressure). Streams are few (PyTorch's pools: 32 a priority); a linear search.
+    overflow: Vec<(StreamId, Vec<u32>)>,
     /// Scratch for `push_chain`.
     scratch: Vec<u32>,
 }
@@ -379,6 +386,7 @@ impl Slab {
                     released: Vec::new(),
                     page_refs: vec![0; pages],
                     pending: Vec::new(),
+                    overflow: Vec::new(),
                     scratch: Vec::new(),
                 }),
             });
@@ -755,6 +763,13 @@ impl Slab {
             None => None,
         };
         let mut g = c.slow.lock();
+        // A stream beyond the table: the slots it freed itself first (stream order makes them safe).
+        if t.is_none() {
+            let mine = g.overflow.iter_mut().find(|(s, _)| *s == stream);
+            if let Some(slot) = mine.and_then(|(_, v)| v.pop()) {
+                return Ok(self.hand_out(c, slot));
+            }
+        }
         // The stream transition or a reclaim may have refilled the lists meanwhile.
         if let Some(slot) = own.and_then(FrontCache::pop).or_else(|| idle.pop()) {
             return Ok(self.hand_out(c, slot));
@@ -792,7 +807,11 @@ impl Slab {
             Err(Ok(fail)) => fail,
             Err(Err(e)) => return Err(e),
         };
-        // Memory pressure: wait for migrated batches rather than take new memory.
+        // Memory pressure: wait for migrated batches (and what streams beyond the table freed) rather
+        // than take new memory.
+        if !capturing {
+            self.flush_overflow(&mut g);
+        }
         if !capturing && self.sync_pending(&mut g, idle) {
             if let Some(slot) = idle.pop() {
                 return Ok(self.hand_out(c, slot));
@@ -993,7 +1012,9 @@ impl Slab {
         Ok(any)
     }
 
-    /// A free on a stream beyond the table: one event per free, the slot pending until it completes.
+    /// A free on a stream beyond the table: the slot joins its stream's overflow list (reused there at
+    /// once); every [`MIGRATE_BATCH`] of them go to the pending list under one event. No device call
+    /// during a capture (the batch waits for the next free after it). Never fails but for a double free.
     #[cold]
     fn free_overflow(
         &self,
@@ -1003,33 +1024,50 @@ impl Slab {
         stream: StreamId,
     ) -> Result<u64, TierError> {
         let mut g = c.slow.lock();
-        if c.live[slot as usize].load(Relaxed) == 0 {
-            return Err(TierError::InvalidFree {
-                ptr,
-                reason: "not allocated (double free?)",
-            });
-        }
-        if self.capturing() {
-            return Err(VmmError::Capturing(
-                "an event recorded for a free on a stream beyond the slab's table",
-            )
-            .into());
-        }
-        let event = self.record(stream)?;
         if c.live[slot as usize].swap(0, AcqRel) == 0 {
-            // A concurrent free of the same pointer won: that one owns the slot.
-            self.events.lock().push(event);
             return Err(TierError::InvalidFree {
                 ptr,
                 reason: "not allocated (double free?)",
             });
         }
-        g.pending.push(Pending {
-            event,
-            slots: vec![slot],
-        });
+        let i = match g.overflow.iter().position(|(s, _)| *s == stream) {
+            Some(i) => i,
+            None => {
+                g.overflow.push((stream, Vec::new()));
+                g.overflow.len() - 1
+            }
+        };
+        g.overflow[i].1.push(slot);
         self.counters.overflow_frees.fetch_add(1, Relaxed);
+        if g.overflow[i].1.len() >= MIGRATE_BATCH && !self.capturing() {
+            self.flush_overflow_of(&mut g, i);
+        }
         Ok(c.size)
+    }
+
+    /// Move every stream's overflow list to the pending list, one event each (not during a capture).
+    fn flush_overflow(&self, g: &mut ClassSlow) {
+        if self.capturing() {
+            return;
+        }
+        for i in 0..g.overflow.len() {
+            if !g.overflow[i].1.is_empty() {
+                self.flush_overflow_of(g, i);
+            }
+        }
+    }
+
+    /// Record an event on overflow list `i`'s stream and move its slots to the pending list. When the
+    /// event cannot be recorded they stay (reused by their stream; tried again at the next flush).
+    fn flush_overflow_of(&self, g: &mut ClassSlow, i: usize) {
+        let stream = g.overflow[i].0;
+        match self.record(stream) {
+            Ok(event) => {
+                let slots = std::mem::take(&mut g.overflow[i].1);
+                g.pending.push(Pending { event, slots });
+            }
+            Err(e) => log::debug!("gen-slab: an event for frees beyond the stream table: {e}"),
+        }
     }
 
     /// Reclaim one class. `may_sync`: whether a device synchronize may be attempted. On a failed
@@ -1039,6 +1077,9 @@ impl Slab {
         if g.carved == 0 {
             return Ok(0);
         }
+        // Slots freed on streams beyond the table wait for an event like any pending batch (a slot on an
+        // overflow list is in no list reclaim takes: its chunk would stay).
+        self.flush_overflow(&mut g);
         // Only a chunk none of whose slots is live can go: when every committed chunk still has a live
         // slot (the common case when an allocation is about to take memory elsewhere), nothing below
         // could be reclaimed — skip taking every list apart. A racing free or allocation changes no
