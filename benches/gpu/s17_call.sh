@@ -30,14 +30,5 @@ cat "$OUT/machine.txt"
 grep -E "test result|rc=|FAILED|panicked" "$OUT/cuda_tests.log" 2>/dev/null
 tail -3 "$OUT/compat.log" 2>/dev/null
 grep -E "^\||multi_gpu:" "$OUT/multi.log" 2>/dev/null
-python3 - <<'PY'
-import json, os
-O = os.environ.get("OUT", "out")
-try:
-    for l in open(f"{O}/cli.jsonl"):
-        d = json.loads(l); w = d.get("warm_calls", {})
-        print("cli", d["trace"][:20].ljust(20), round(d["ratio"], 4), round(d["ns_per_op"]), [round(x) for x in d["ns_per_op_passes"]], "maps", w.get("maps"), "syncs", w.get("device_syncs"), "waits", w.get("waits"))
-except FileNotFoundError:
-    pass
-PY
+python3 benches/gpu/cli_table.py
 tail -3 "$OUT/cli.err" 2>/dev/null
