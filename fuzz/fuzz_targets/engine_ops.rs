@@ -14,6 +14,7 @@ use libfuzzer_sys::fuzz_target;
 
 const MIB: u64 = 1 << 20;
 const CAPACITY: u64 = 96 * MIB;
+const STREAMS: usize = 12;
 
 #[derive(Arbitrary, Debug)]
 enum Action {
@@ -78,13 +79,13 @@ fuzz_target!(|input: Input| {
     );
     let cfg = Config::parse(CONFIGS[input.config as usize % CONFIGS.len()]).unwrap();
     let pool = Pool::new(dev.clone() as Arc<dyn Device>, cfg).unwrap();
-    let streams = [
-        0,
-        dev.stream_create().unwrap(),
-        dev.stream_create().unwrap(),
-    ];
-    let events: Vec<EventHandle> = (0..3).map(|_| dev.event_create().unwrap()).collect();
-    let mut paused = [false; 3];
+    // The legacy stream and eleven more: past the slab's table of eight (frees there gather on a list
+    // of their stream's own).
+    let streams: Vec<u64> = std::iter::once(0)
+        .chain((1..STREAMS).map(|_| dev.stream_create().unwrap()))
+        .collect();
+    let events: Vec<EventHandle> = (0..STREAMS).map(|_| dev.event_create().unwrap()).collect();
+    let mut paused = [false; STREAMS];
     let mut live: BTreeMap<u64, (u64, u8)> = BTreeMap::new();
     let mut pattern = 0u8;
     for a in input.actions.iter().take(128) {
@@ -110,7 +111,7 @@ fuzz_target!(|input: Input| {
                     ][lifetime as usize % 4],
                     site: site.map(u64::from),
                 };
-                match pool.alloc(size, streams[stream as usize % 3], hint) {
+                match pool.alloc(size, streams[stream as usize % STREAMS], hint) {
                     Ok(b) => {
                         assert!(size != 0 && size <= CAPACITY);
                         assert_eq!(b.ptr % ALIGN, 0);
@@ -135,7 +136,7 @@ fuzz_target!(|input: Input| {
                 let p = *live.keys().nth(pick as usize % live.len()).unwrap();
                 let (size, pat) = live.remove(&p).unwrap();
                 check(&dev, p, size, pat);
-                assert_eq!(pool.free(p, streams[stream as usize % 3]).unwrap(), size);
+                assert_eq!(pool.free(p, streams[stream as usize % STREAMS]).unwrap(), size);
                 if matches!(a, Action::DoubleFree { .. }) {
                     assert!(matches!(
                         pool.free(p, 0),
@@ -160,13 +161,13 @@ fuzz_target!(|input: Input| {
             }
             Action::Mark => pool.mark_iteration(),
             Action::Pause(i) => {
-                let i = i as usize % 2 + 1;
+                let i = i as usize % (STREAMS - 1) + 1;
                 dev.pause_stream(streams[i]).unwrap();
                 dev.event_record(events[i], streams[i]).unwrap();
                 paused[i] = true;
             }
             Action::Resume(i) => {
-                let i = i as usize % 2 + 1;
+                let i = i as usize % (STREAMS - 1) + 1;
                 dev.resume_stream(streams[i]).unwrap();
                 paused[i] = false;
             }
