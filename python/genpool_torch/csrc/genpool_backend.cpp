@@ -30,6 +30,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -1342,6 +1343,20 @@ __attribute__((visibility("default"))) int genpool_backend_install(char* err, si
       a = std::make_shared<GenpoolAllocator>();
     }
     torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(a);
+    // c10's allocator registry: torch.accelerator's memory API (memory_allocated, memory_stats,
+    // reset_peak_memory_stats, empty_cache, ...) and any code that asks c10 for the CUDA allocator read
+    // c10::GetAllocator(kCUDA), which PyTorch registers statically with its own caching allocator and
+    // changeCurrentAllocator leaves alone: those calls reached PyTorch's allocator, never initialized
+    // here ("Invalid device argument", zero bytes allocated). The allocator lives as long as the
+    // process (the_allocator() keeps it), as SetAllocator requires; the highest priority, so no static
+    // registration overrides it.
+    c10::SetAllocator(c10::DeviceType::CUDA, a.get(), UINT8_MAX);
+    if (c10::GetAllocator(c10::DeviceType::CUDA) != a.get()) {
+      // Installed all the same (every CUDA tensor comes from genpool); only torch.accelerator's
+      // figures would be PyTorch's.
+      std::fprintf(stderr, "genpool: c10::SetAllocator(kCUDA) kept another allocator: torch.accelerator's "
+                           "memory figures will not be genpool's\n");
+    }
     return 0;
   } catch (const std::exception& e) {
     genpool_backend::copy_message(e.what(), err, len);
