@@ -850,7 +850,7 @@ def table(results, modes, names=None):
             r = by.get((name, m))
             cells.append("—" if r is None else ("pass" if r["ok"] else "**fail**"))
             if r is not None and not r["ok"]:
-                notes.append(f"{m}: {r['error'][:150]}")
+                notes.append(f"{m}: {r['error'][:150]}".replace("\n", " "))
         n, g = by.get((name, "native")), by.get((name, "genpool"))
         if n and g and n["ok"] and not g["ok"]:
             regress += 1
