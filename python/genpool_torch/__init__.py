@@ -333,8 +333,8 @@ def _oom_shim(lib_path: Path) -> Path:
 
 
 _FALLBACK_LIMITS = (
-    "torch.cuda.memory_stats() and friends, cudnn.benchmark, memory snapshots, the profiler's memory "
-    "events, CUDA graphs and MemPool will not work"
+    "torch.cuda.memory_stats() and friends, torch.accelerator's memory figures, cudnn.benchmark, memory "
+    "snapshots, the profiler's memory events, CUDA graphs and MemPool will not work"
 )
 _mode: Optional[str] = None  # "allocator" or "pluggable" once installed
 
