@@ -689,6 +689,11 @@ impl Slab {
     /// Register `stream` in the stream table: its slot, or `None` when the table is full.
     #[cold]
     fn register(&self, stream: StreamId) -> Result<Option<usize>, TierError> {
+        // A full table stays full (slots are never given back): a stream not in it now never will be,
+        // so the calls of streams past it skip the registration lock.
+        if self.streams.count.load(Acquire) >= STREAM_SLOTS {
+            return Ok(self.streams.find(stream));
+        }
         let _reg = self.streams.reg.lock();
         if let Some(t) = self.streams.find(stream) {
             return Ok(Some(t));
