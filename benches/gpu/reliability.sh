@@ -17,8 +17,8 @@
 #
 # The test executable: $GENPOOL_CUDA_TEST if set, else the one in $G/tests that lists this file's tests.
 # Three crates have a test target named `cuda` (gen-device, gen-stream, genpool) and gpu-pack names the
-# copies by target name, so .gpu/tests/cuda may be another crate's: run benches/gpu/pack_genpool_cuda.sh
-# here after gpu-pack to stage genpool's as .gpu/tests/genpool_cuda.
+# copies by target name, so .gpu/tests/cuda may be another crate's: run benches/gpu/pack_cuda_tests.sh
+# here after gpu-pack to stage each under a name of its own (genpool's as .gpu/tests/genpool_cuda).
 set -uo pipefail
 G=${G:-.gpu}
 OUT=${OUT:-out}
@@ -45,7 +45,7 @@ find_exe() {
 
 if ! exe=$(find_exe); then
   echo "reliability: no test executable in $G/tests lists $MARK; stage it with" \
-    "benches/gpu/pack_genpool_cuda.sh (or set GENPOOL_CUDA_TEST)" | tee "$OUT/summary.txt" >&2
+    "benches/gpu/pack_cuda_tests.sh (or set GENPOOL_CUDA_TEST)" | tee "$OUT/summary.txt" >&2
   exit 2
 fi
 {

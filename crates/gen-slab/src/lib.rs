@@ -814,9 +814,7 @@ impl Slab {
         };
         // Memory pressure: wait for migrated batches (and what streams beyond the table freed) rather
         // than take new memory.
-        if !capturing {
-            self.flush_overflow(&mut g);
-        }
+        self.flush_overflow(&mut g);
         if !capturing && self.sync_pending(&mut g, idle) {
             if let Some(slot) = idle.pop() {
                 return Ok(self.hand_out(c, slot));

@@ -805,8 +805,7 @@ fn a_free_beyond_the_stream_table_during_a_capture_makes_no_device_call() {
               run natively by `cargo test`, and the two overflow tests above run under Miri"
 )]
 fn many_streams_keep_the_stream_rule_under_random_programs() {
-    let (seeds, steps): (u64, usize) = (12, 3000);
-    for seed in 1..=seeds {
+    for seed in 1..=12u64 {
         let f = fixture(small_cfg());
         let s = &f.slab;
         let streams: Vec<u64> = (0..STREAM_SLOTS + 4)
@@ -827,7 +826,7 @@ fn many_streams_keep_the_stream_rule_under_random_programs() {
         let mut live: Vec<(u64, u64, usize)> = Vec::new();
         // Each freed address: (stream index, its resume generation if the stream was paused).
         let mut freed: std::collections::HashMap<u64, (usize, Option<u64>)> = Default::default();
-        for step in 0..steps {
+        for step in 0..3000 {
             match next(10) {
                 0..=4 => {
                     let si = next(n as u64) as usize;
