@@ -20,8 +20,8 @@ mod tags;
 
 use std::sync::Arc;
 
+use gen_sync::SpinMutex as Mutex;
 use gen_vmm::{PagePool, Region, Stamp};
-use parking_lot::Mutex;
 
 pub use crate::core::{round_size, ExtentCore, MIN_BLOCK};
 

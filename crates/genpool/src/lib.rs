@@ -30,7 +30,6 @@ mod pool;
 pub mod replay;
 mod slabbook;
 pub mod sleep;
-mod spin;
 pub mod stats;
 mod tcache;
 pub mod thread_slot;

@@ -1,7 +1,7 @@
 //! Per-block metadata: a sharded map from device address to what the engine knows about the block.
 
-use crate::spin::SpinMutex as Mutex;
 use gen_classifier::Stamp;
+use gen_sync::SpinMutex as Mutex;
 
 use crate::Tier;
 

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Session 19 on the GPU machine (.gpu/ staged by gpu-pack, then benches/gpu/pack_cuda_tests.sh, plus the
+# "before" builds below). Steps (STEPS, comma-separated; default tests,threads,torch):
+#   tests   every CUDA test binary of the workspace;
+#   threads the engine's lock contention on the host's 16 cores, before / after the warm path's lock
+#           (gen-sync): examples `threads` with 512 KiB – 4 MiB blocks (GENPOOL_THREADS_SCALE=1024: the
+#           extent arena's and page pool's locks) and `torch_threads_sim`, bin/NAME-base and bin/NAME
+#           taking turns, two rounds;
+#   torch   PyTorch's entry points (torch_replay.py) on TORCH_TRACES: expandable, then genpool before
+#           (.gpu/py_old: the package at the session's start, bin/libgenpool_torch_old.so) and after,
+#           taking turns, two rounds;
+#   tthreads torch_threads.py, native and genpool, 1 and 16 threads;
+#   compat  the compatibility suite under COMPAT_MODES (default genpool);
+#   cli     the engine's own CUDA replay of the ten traces (PASSES, default 5).
+# Logs under $OUT; tables last.
+set -uo pipefail
+STEPS_DEFAULT=tests,threads,torch
+. "$(dirname "$0")/env.sh"
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; python3 -c "import torch; print(torch.__version__)"; } > "$OUT/machine.txt" 2>&1
+if has tests; then
+  for t in "$G"/tests/*; do
+    echo "== $(basename "$t")" >> "$OUT/cuda_tests.log"
+    timeout 200 "$t" --include-ignored --test-threads 1 >> "$OUT/cuda_tests.log" 2>&1
+    echo "$(basename "$t") rc=$?" >> "$OUT/cuda_tests.log"
+  done
+fi
+if has threads; then
+  for r in 1 2; do for b in threads-base threads; do
+    echo "$b round $r" >> "$OUT/threads.txt"
+    GENPOOL_THREADS_SCALE=1024 timeout 60 "$G"/bin/$b 100000 1 4 16 >> "$OUT/threads.txt" 2>&1
+  done; for b in torch_threads_sim-base torch_threads_sim; do
+    echo "$b round $r" >> "$OUT/threads.txt"
+    timeout 60 "$G"/bin/$b 200000 1 16 >> "$OUT/threads.txt" 2>&1
+  done; done
+fi
+if has torch; then
+  tr=(); for t in ${TORCH_TRACES:-resnet50_train gpt2_generate_kv gpt2_train_fixed gpt2_prefetch}; do tr+=(benches/traces/$t.csv.gz); done
+  timeout 150 python3 benches/gpu/torch_replay.py "${tr[@]}" --modes expandable --reps "${REPS:-4}" > "$OUT/torch.jsonl" 2>> "$OUT/torch.err"
+  for r in 1 2; do
+    PYTHONPATH="$PWD/$G/py_old" GENPOOL_LIB="$PWD/$G/bin/libgenpool_torch_old.so" GENPOOL_SHIM_DIR=/tmp/genpool_cache_old \
+      timeout 150 python3 benches/gpu/torch_replay.py "${tr[@]}" --modes genpool --reps "${REPS:-4}" 2>> "$OUT/torch.err" |
+      sed "s/^{/{\"v\":\"before\",\"round\":$r,/" >> "$OUT/torch.jsonl"
+    timeout 150 python3 benches/gpu/torch_replay.py "${tr[@]}" --modes genpool --reps "${REPS:-4}" 2>> "$OUT/torch.err" |
+      sed "s/^{/{\"v\":\"after\",\"round\":$r,/" >> "$OUT/torch.jsonl"
+  done
+fi
+if has tthreads; then
+  timeout 200 python3 benches/gpu/torch_threads.py --modes native,genpool --threads 1,16 --pairs 100000 > "$OUT/tthreads.jsonl" 2>> "$OUT/tthreads.err"
+fi
+if has compat; then
+  timeout 420 python3 benches/gpu/compat.py --modes "${COMPAT_MODES:-genpool}" --jobs 8 --json "$OUT/compat.jsonl" --md "$OUT/compat.md" > "$OUT/compat.log" 2>&1
+fi
+if has cli; then
+  for t in resnet50_train gpt2_generate_kv vit_train_varres gpt2m_train_varlen bert_finetune_varlen gpt2_train_fixed llama_ckpt_varlen resnet_copy_overlap gpt2_prefetch bert_serve_4streams; do
+    timeout 90 "$G"/bin/genpool replay benches/traces/$t.csv.gz --device cuda --passes "${PASSES:-5}" --json 2>> "$OUT/cli.err" >> "$OUT/cli.jsonl"
+  done
+fi
+cat "$OUT/machine.txt"
+grep -E "test result|rc=|FAILED|panicked" "$OUT/cuda_tests.log" 2>/dev/null
+grep -E "^\| |compat:" "$OUT/compat.log" 2>/dev/null | grep -E "fail|REGRESSION|compat:|differ|: native" | head -40
+[ -f "$OUT/cli.jsonl" ] && python3 benches/gpu/cli_table.py
+tail -3 "$OUT/cli.err" 2>/dev/null
+cat "$OUT/threads.txt" 2>/dev/null
+cut -c1-260 "$OUT/tthreads.jsonl" 2>/dev/null
+tail -3 "$OUT/torch.err" 2>/dev/null
+cut -c1-330 "$OUT/torch.jsonl" 2>/dev/null
