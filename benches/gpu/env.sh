@@ -40,3 +40,25 @@ replay_turns() {
       sed "s/^{/{\"v\":\"${vb%%=*}\",\"round\":$r,/" >> "$OUT/cli.jsonl"
   done; done; done
 }
+# Every staged CUDA test binary ($G/tests, benches/gpu/pack_cuda_tests.sh), ignored tests included, one
+# thread; logs and each binary's exit status to $OUT/cuda_tests.log.
+cuda_tests() {
+  local t
+  for t in "$G"/tests/*; do
+    echo "== $(basename "$t")" >> "$OUT/cuda_tests.log"
+    timeout 200 "$t" --include-ignored --test-threads 1 >> "$OUT/cuda_tests.log" 2>&1
+    echo "$(basename "$t") rc=$?" >> "$OUT/cuda_tests.log"
+  done
+}
+# The engine's own CUDA replay of the ten traces ($PASSES passes, default 5), one JSON line each to
+# $OUT/cli.jsonl (benches/gpu/cli_table.py prints them).
+engine_replay_all() {
+  local t
+  for t in resnet50_train gpt2_generate_kv vit_train_varres gpt2m_train_varlen bert_finetune_varlen gpt2_train_fixed llama_ckpt_varlen resnet_copy_overlap gpt2_prefetch bert_serve_4streams; do
+    timeout 90 "$G"/bin/genpool replay benches/traces/$t.csv.gz --device cuda --passes "${PASSES:-5}" --json 2>> "$OUT/cli.err" >> "$OUT/cli.jsonl"
+  done
+}
+# The GPU, its driver, the cores and torch's version, to $OUT/machine.txt.
+machine_info() {
+  { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; python3 -c "import torch; print(torch.__version__)"; } > "$OUT/machine.txt" 2>&1
+}

@@ -16,14 +16,8 @@
 set -uo pipefail
 STEPS_DEFAULT=tests,threads,torch
 . "$(dirname "$0")/env.sh"
-{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; python3 -c "import torch; print(torch.__version__)"; } > "$OUT/machine.txt" 2>&1
-if has tests; then
-  for t in "$G"/tests/*; do
-    echo "== $(basename "$t")" >> "$OUT/cuda_tests.log"
-    timeout 200 "$t" --include-ignored --test-threads 1 >> "$OUT/cuda_tests.log" 2>&1
-    echo "$(basename "$t") rc=$?" >> "$OUT/cuda_tests.log"
-  done
-fi
+machine_info
+has tests && cuda_tests
 if has threads; then
   for r in 1 2; do for b in threads-base threads; do
     echo "$b round $r" >> "$OUT/threads.txt"
@@ -50,11 +44,7 @@ fi
 if has compat; then
   timeout 420 python3 benches/gpu/compat.py --modes "${COMPAT_MODES:-genpool}" --jobs 8 --json "$OUT/compat.jsonl" --md "$OUT/compat.md" > "$OUT/compat.log" 2>&1
 fi
-if has cli; then
-  for t in resnet50_train gpt2_generate_kv vit_train_varres gpt2m_train_varlen bert_finetune_varlen gpt2_train_fixed llama_ckpt_varlen resnet_copy_overlap gpt2_prefetch bert_serve_4streams; do
-    timeout 90 "$G"/bin/genpool replay benches/traces/$t.csv.gz --device cuda --passes "${PASSES:-5}" --json 2>> "$OUT/cli.err" >> "$OUT/cli.jsonl"
-  done
-fi
+has cli && engine_replay_all
 cat "$OUT/machine.txt"
 grep -E "test result|rc=|FAILED|panicked" "$OUT/cuda_tests.log" 2>/dev/null
 grep -E "^\| |compat:" "$OUT/compat.log" 2>/dev/null | grep -E "fail|REGRESSION|compat:|differ|: native" | head -40
