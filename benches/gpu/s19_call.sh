@@ -8,7 +8,7 @@
 #           taking turns, two rounds;
 #   torch   PyTorch's entry points (torch_replay.py) on TORCH_TRACES: expandable, then genpool before
 #           (.gpu/py_old: the package at the session's start, bin/libgenpool_torch_old.so) and after,
-#           taking turns, two rounds;
+#           taking turns, TORCH_ROUNDS rounds (default 1);
 #   tthreads torch_threads.py, native and genpool, 1 and 16 threads;
 #   compat  the compatibility suite under COMPAT_MODES (default genpool);
 #   cli     the engine's own CUDA replay of the ten traces (PASSES, default 5).
@@ -30,7 +30,7 @@ fi
 if has torch; then
   tr=(); for t in ${TORCH_TRACES:-resnet50_train gpt2_generate_kv gpt2_train_fixed gpt2_prefetch}; do tr+=(benches/traces/$t.csv.gz); done
   timeout 150 python3 benches/gpu/torch_replay.py "${tr[@]}" --modes expandable --reps "${REPS:-4}" > "$OUT/torch.jsonl" 2>> "$OUT/torch.err"
-  for r in 1 2; do
+  for r in $(seq "${TORCH_ROUNDS:-1}"); do
     PYTHONPATH="$PWD/$G/py_old" GENPOOL_LIB="$PWD/$G/bin/libgenpool_torch_old.so" GENPOOL_SHIM_DIR=/tmp/genpool_cache_old \
       timeout 150 python3 benches/gpu/torch_replay.py "${tr[@]}" --modes genpool --reps "${REPS:-4}" 2>> "$OUT/torch.err" |
       sed "s/^{/{\"v\":\"before\",\"round\":$r,/" >> "$OUT/torch.jsonl"
