@@ -29,6 +29,10 @@ abi_side_by_side() {
     done
   done
 }
+# JSON lines on stdin tagged with their build and round: `... | tag_runs NAME ROUND` (ab_table.py reads them).
+tag_runs() {
+  sed "s/^{/{\"v\":\"$1\",\"round\":$2,/"
+}
 # The engine's CUDA replay of two builds taking turns trace by trace (hosts drift): `replay_turns ROUNDS
 # "TRACE..." NAME1=BIN1 NAME2=BIN2` (trace names under benches/traces, binaries under $G/bin), 3 passes a
 # run, one JSON line a run tagged with its build ("v") and round, to $OUT/cli.jsonl (ab_table.py reads it).
@@ -37,7 +41,7 @@ replay_turns() {
   shift 2
   for r in $(seq "$rounds"); do for t in $traces; do for vb in "$@"; do
     timeout 40 "$G"/bin/"${vb#*=}" replay benches/traces/$t.csv.gz --device cuda --passes 3 --json 2>> "$OUT/cli.err" |
-      sed "s/^{/{\"v\":\"${vb%%=*}\",\"round\":$r,/" >> "$OUT/cli.jsonl"
+      tag_runs "${vb%%=*}" "$r" >> "$OUT/cli.jsonl"
   done; done; done
 }
 # Every staged CUDA test binary ($G/tests, benches/gpu/pack_cuda_tests.sh), ignored tests included, one

@@ -13,13 +13,13 @@ for r in $(seq ${ROUNDS:-3}); do
   for v in ${VERSIONS:-s14 new}; do
     lib="$PWD/$G/bin/libgenpool_torch.so"; [ $v = s14 ] && lib="$PWD/$G/bin/libgenpool_torch-s14.so"
     GENPOOL_LIB="$lib" timeout 80 python3 benches/gpu/torch_replay.py "${tr[@]}" --modes genpool --reps 5 2>> "$OUT/torch.err" |
-      sed "s/^{/{\"v\":\"$v\",\"round\":$r,/" >> "$OUT/torch.jsonl"
+      tag_runs "$v" "$r" >> "$OUT/torch.jsonl"
     b=genpool; [ $v = s14 ] && b=genpool-s14
     [ "${CLI:-1}" = 0 ] || timeout 40 "$G"/bin/$b replay "${tr[@]}" --device cuda --passes 5 --json 2>> "$OUT/cli.err" |
-      sed "s/^{/{\"v\":\"$v\",\"round\":$r,/" >> "$OUT/cli.jsonl"
+      tag_runs "$v" "$r" >> "$OUT/cli.jsonl"
   done
   timeout 100 python3 benches/gpu/torch_replay.py "${tr[@]}" --modes native,expandable --reps 5 2>> "$OUT/torch.err" |
-    sed "s/^{/{\"v\":\"anchor\",\"round\":$r,/" >> "$OUT/torch.jsonl"
+    tag_runs anchor "$r" >> "$OUT/torch.jsonl"
 done
 cat "$OUT/machine.txt"
 python3 benches/gpu/ab_table.py "$OUT"

@@ -20,10 +20,10 @@ if has torch; then
     for v in s15 new; do
       lib="$PWD/$G/bin/libgenpool_torch.so"; [ $v = s15 ] && lib="$PWD/$G/bin/libgenpool_torch-s15.so"
       GENPOOL_LIB="$lib" timeout 80 python3 benches/gpu/torch_replay.py "${tr[@]}" --modes genpool --reps 5 2>> "$OUT/torch.err" |
-        sed "s/^{/{\"v\":\"$v\",\"round\":$r,/" >> "$OUT/torch.jsonl"
+        tag_runs "$v" "$r" >> "$OUT/torch.jsonl"
     done
     timeout 100 python3 benches/gpu/torch_replay.py "${tr[@]}" --modes native,expandable --reps 5 2>> "$OUT/torch.err" |
-      sed "s/^{/{\"v\":\"anchor\",\"round\":$r,/" >> "$OUT/torch.jsonl"
+      tag_runs anchor "$r" >> "$OUT/torch.jsonl"
   done
 fi
 cat "$OUT/machine.txt"

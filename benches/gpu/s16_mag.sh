@@ -33,7 +33,7 @@ if has tthreads; then
   for r in $(seq ${TROUNDS:-2}); do for v in base mag; do
     lib="$PWD/$G/bin/libgenpool_torch-nomag.so"; [ $v = mag ] && lib="$PWD/$G/bin/libgenpool_torch.so"
     GENPOOL_LIB="$lib" timeout 120 python3 benches/gpu/torch_threads.py --modes genpool --threads 1,16 2>> "$OUT/tthreads.err" |
-      sed "s/^{/{\"v\":\"$v\",\"round\":$r,/" >> "$OUT/tthreads.jsonl"
+      tag_runs "$v" "$r" >> "$OUT/tthreads.jsonl"
   done; done
   timeout 120 python3 benches/gpu/torch_threads.py --modes native --threads 1,16 2>> "$OUT/tthreads.err" |
     sed "s/^{/{\"v\":\"native\",/" >> "$OUT/tthreads.jsonl"

@@ -33,9 +33,9 @@ if has torch; then
   for r in $(seq "${TORCH_ROUNDS:-1}"); do
     PYTHONPATH="$PWD/$G/py_old" GENPOOL_LIB="$PWD/$G/bin/libgenpool_torch_old.so" GENPOOL_SHIM_DIR=/tmp/genpool_cache_old \
       timeout 150 python3 benches/gpu/torch_replay.py "${tr[@]}" --modes genpool --reps "${REPS:-4}" 2>> "$OUT/torch.err" |
-      sed "s/^{/{\"v\":\"before\",\"round\":$r,/" >> "$OUT/torch.jsonl"
+      tag_runs before "$r" >> "$OUT/torch.jsonl"
     timeout 150 python3 benches/gpu/torch_replay.py "${tr[@]}" --modes genpool --reps "${REPS:-4}" 2>> "$OUT/torch.err" |
-      sed "s/^{/{\"v\":\"after\",\"round\":$r,/" >> "$OUT/torch.jsonl"
+      tag_runs after "$r" >> "$OUT/torch.jsonl"
   done
 fi
 if has tthreads; then
@@ -48,7 +48,7 @@ has cli && engine_replay_all
 cat "$OUT/machine.txt"
 grep -E "test result|rc=|FAILED|panicked" "$OUT/cuda_tests.log" 2>/dev/null
 grep -E "^\| |compat:" "$OUT/compat.log" 2>/dev/null | grep -E "fail|REGRESSION|compat:|differ|: native" | head -40
-[ -f "$OUT/cli.jsonl" ] && python3 benches/gpu/cli_table.py
+python3 benches/gpu/cli_table.py
 tail -3 "$OUT/cli.err" 2>/dev/null
 cat "$OUT/threads.txt" 2>/dev/null
 cut -c1-260 "$OUT/tthreads.jsonl" 2>/dev/null

@@ -7,7 +7,7 @@
 //! shard the two were ~85 % of its insert and removal, 15 % of an extent alloc+free (session 13); for the
 //! arena's and the page pool's locks (session 19) the plain-store release took resnet50_train 74.7 →
 //! 70.8 ns a call, gpt2_generate_kv 69.7 → 67.1, bert_serve_4streams 154.8 → 146.0, the rest within
-//! noise (docs/ARCHITECTURE.md, "The per-call floor").
+//! noise (docs/ARCHITECTURE.md, "The warm path's lock").
 //!
 //! A waiter spins briefly ([`SPINS`]), then yields its time slice ([`YIELDS`] times), then sleeps in
 //! short steps ([`NAP`]): no parking, so the release needs no read-modify-write. The shard and the arena

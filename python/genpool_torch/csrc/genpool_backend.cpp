@@ -207,7 +207,7 @@ class GenpoolAllocator final : public cca::CUDAAllocator {
   // The calling thread's current device. With one visible device that is device 0, whatever the thread
   // did: c10::cuda::GetDevice (a thread-local check, then cudaGetDevice and the runtime's lock) was ~8 %
   // of an allocation through PyTorch's entry points in session 15's profile, paid on every allocation.
-  // With several devices (or before init) it is asked.
+  // With several devices (or before init) it is asked. Every call that needs the current device uses it.
   c10::DeviceIndex current_device() const {
     if (device_count_.load(std::memory_order_relaxed) == 1) {
       return 0;
@@ -401,8 +401,7 @@ class GenpoolAllocator final : public cca::CUDAAllocator {
     if (!history_.load(std::memory_order_acquire)) {
       return;
     }
-    c10::DeviceIndex device = 0;
-    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    const c10::DeviceIndex device = current_device();
     c10::CachingDeviceAllocator::AnnotationEntry ae(device, c10::getApproximateTime());
     for (const auto& [k, v] : md) {
       ae.recordUserMetadata(k, v);
@@ -768,8 +767,7 @@ class GenpoolAllocator final : public cca::CUDAAllocator {
         return p;
       }
     }
-    c10::DeviceIndex device = 0;
-    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    const c10::DeviceIndex device = current_device();
     char type = kIpcCudaMalloc;
     size_t at = 0;
     if (handle.size() != kCudaIpcHandleSize) {
