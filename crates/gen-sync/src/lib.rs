@@ -97,6 +97,9 @@ impl RawSpinLock {
 /// A mutex over [`RawSpinLock`] (guards as `lock_api`'s).
 pub type SpinMutex<T> = lock_api::Mutex<RawSpinLock, T>;
 
+/// The guard of a [`SpinMutex`].
+pub type SpinMutexGuard<'a, T> = lock_api::MutexGuard<'a, RawSpinLock, T>;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -234,6 +234,9 @@ pub struct PagePoolStats {
     pub move_ns: u64,
     /// Pages revived in place with no driver call.
     pub revivals: u64,
+    /// Commits that cancelled the decommit just before them (the same pages of the same region): no
+    /// page changed state.
+    pub deferrals_cancelled: u64,
     /// Pages given back to the driver.
     pub releases: u64,
     /// Whether the pool is asleep ([`PagePool::sleep`]).
@@ -428,6 +431,10 @@ struct Inner {
     spare_host: Option<(gen_device::HostHandle, u64)>,
     /// Devices this pool's pages were opened to ([`PagePool::grant_peer`]).
     peers: Vec<usize>,
+    /// The last decommit of a region of a stream of its own, `(region, first page, last page)`, not
+    /// applied yet: the next commit of exactly those pages cancels it (see [`PagePool::commit`]); any
+    /// other use of the pool applies it first ([`PagePool::lock`]).
+    deferred: Option<(u32, u64, u64)>,
 }
 
 /// The fences recorded on one stream (several streams: see [`PagePool::settle`]). Epochs come from the
@@ -538,11 +545,31 @@ impl PagePool {
                 sleep: None,
                 spare_host: None,
                 peers: Vec::new(),
+                deferred: None,
             }),
             asleep: AtomicBool::new(false),
             keep_mappings: AtomicBool::new(false),
             slack: AtomicU64::new(slack.to_bits()),
         }))
+    }
+
+    /// The pool's state with a deferred decommit applied: every use of the pool but a commit (which may
+    /// cancel it) and the next decommit sees the pages as the decommit left them.
+    #[inline]
+    fn lock(&self) -> gen_sync::SpinMutexGuard<'_, Inner> {
+        let mut g = self.inner.lock();
+        if g.deferred.is_some() {
+            self.apply_deferred(&mut g);
+        }
+        g
+    }
+
+    /// Apply the deferred decommit, if there is one.
+    #[cold]
+    fn apply_deferred(&self, g: &mut Inner) {
+        if let Some((rid, first, last)) = g.deferred.take() {
+            self.decommit_locked(g, rid, first, last);
+        }
     }
 
     /// The page size (the device's VMM granularity).
@@ -562,7 +589,7 @@ impl PagePool {
 
     /// A snapshot of the counters.
     pub fn stats(&self) -> PagePoolStats {
-        let g = self.inner.lock();
+        let g = self.lock();
         let mut s = g.stats;
         s.pages_free_mapped = g.free_mapped.len();
         s.pages_free_unmapped = g.free_handles.len() as u64;
@@ -578,7 +605,7 @@ impl PagePool {
 
     /// Start the peak of pages held again from the pages held now (PyTorch's `reset_peak_memory_stats`).
     pub fn reset_peak(&self) {
-        let mut g = self.inner.lock();
+        let mut g = self.lock();
         g.stats.pages_peak = g.stats.pages_held;
     }
 
@@ -610,7 +637,7 @@ impl PagePool {
         if self.capturing() {
             return Ok(0);
         }
-        let mut g = self.inner.lock();
+        let mut g = self.lock();
         if self.keep_mappings.load(Relaxed) {
             return self.release_handles(&mut g);
         }
@@ -655,7 +682,7 @@ impl PagePool {
             return Err(bad("empty range"));
         }
         let end = ptr.checked_add(len).ok_or(bad("range overflows"))?;
-        let g = self.inner.lock();
+        let g = self.lock();
         if g.sleep.is_some() {
             return Err(bad("the pool is asleep"));
         }
@@ -685,7 +712,7 @@ impl PagePool {
     pub fn grant_peer(&self, peer: usize) -> Result<u64, VmmError> {
         // Under the lock: every map happens under it too, so a page is mapped either before the walk
         // (and opened by it) or after `add_peer` (and opened by the map).
-        let mut g = self.inner.lock();
+        let mut g = self.lock();
         if g.peers.contains(&peer) {
             return Ok(0);
         }
@@ -737,7 +764,7 @@ impl PagePool {
     /// synchronize and [`PagePool::synchronized`], so that nothing moved by aliasing is still pending.
     pub fn set_fence_stream(&self, stream: Option<StreamId>) {
         // Fences recorded on an earlier stream still complete; they simply cover less from now on.
-        self.inner.lock().fence_stream = stream;
+        self.lock().fence_stream = stream;
     }
 
     /// The stream regime, decided here for every tier over these pages: the first stream seen. Until a
@@ -787,7 +814,7 @@ impl PagePool {
                 "ordering a stream after another's queued work",
             ));
         }
-        let mut g = self.inner.lock();
+        let mut g = self.lock();
         let now = g.epoch;
         self.wait_fence(&mut g, stream, after, now).map(Some)
     }
@@ -804,7 +831,7 @@ impl PagePool {
         if stream == after {
             return Ok(());
         }
-        let mut g = self.inner.lock();
+        let mut g = self.lock();
         if Self::idle(&g, Some(after), epoch) {
             return Ok(());
         }
@@ -851,7 +878,7 @@ impl PagePool {
         if self.capturing() {
             return Err(VmmError::Capturing("a device synchronize"));
         }
-        let mut g = self.inner.lock();
+        let mut g = self.lock();
         let mut synced = false;
         self.sync_all(&mut g, &mut synced)?;
         if let Err(e) = self.reap_zombies(&mut g, false) {
@@ -864,7 +891,7 @@ impl PagePool {
     /// mappings left by moves can go (those past the number kept, with
     /// [`PagePoolConfig::keep_old_mappings`]).
     pub fn synchronized(&self) {
-        let mut g = self.inner.lock();
+        let mut g = self.lock();
         self.all_complete(&mut g);
         if let Err(e) = self.reap_zombies(&mut g, false) {
             log::error!("gen-vmm: unmapping old mappings after a synchronize: {e}");
@@ -1273,7 +1300,7 @@ impl PagePool {
     }
 
     fn register(&self, name: &'static str, base: DevicePtr, len: u64) -> u32 {
-        let mut g = self.inner.lock();
+        let mut g = self.lock();
         let rp = RegionPages {
             name,
             stream: None,
@@ -1320,6 +1347,23 @@ impl PagePool {
     ) -> Result<(u64, bool), VmmError> {
         let mut g = self.inner.lock();
         g.commit_ordered = false;
+        // The pages the last decommit left, committed again by the same region (a block freed and its
+        // range cut again — a loop's temporary buffer, a KV cache grown into its old place): their
+        // references never drop, so neither walk happens and the pages never visit the free set. The
+        // state after is the decommit's and this commit's — the same references, in-use counts and
+        // peaks (the pages were mapped and referenced throughout; a deferral needs a region of a stream
+        // of its own, whose revivals need no ordering). Any other deferred decommit is applied first.
+        if let Some(d) = g.deferred.take() {
+            if d == (rid, first, last) {
+                let in_use = g.regions[rid as usize]
+                    .as_ref()
+                    .expect("registered region")
+                    .in_use;
+                g.stats.deferrals_cancelled += 1;
+                return Ok((in_use, false));
+            }
+            self.decommit_locked(&mut g, d.0, d.1, d.2);
+        }
         // Several streams, a region of no stream of its own (the slab's), committed for `target`: a page
         // revived in place whose last block was freed on another stream still warm there is reused
         // only after `target` waits on that stream's fence.
@@ -1996,7 +2040,7 @@ impl PagePool {
     }
 
     fn unregister(&self, rid: u32) -> Result<(), VmmError> {
-        let mut g = self.inner.lock();
+        let mut g = self.lock();
         let (base, n, mapped) = {
             let r = g.regions[rid as usize].as_ref().expect("registered region");
             let mapped = r
@@ -2346,7 +2390,7 @@ impl Region {
     /// and a page moved here from a region of another stream makes `stream` wait likewise. Pages of
     /// regions with no stream fall back to a device synchronize before they move.
     pub fn set_stream(&self, stream: Option<StreamId>) {
-        let mut g = self.pool.inner.lock();
+        let mut g = self.pool.lock();
         if let Some(r) = g.regions[self.id as usize].as_mut() {
             r.stream = stream;
         }
@@ -2435,8 +2479,21 @@ impl Region {
     pub fn decommit(&self, offset: u64, len: u64) {
         match self.page_range(offset, len) {
             Ok((first, last)) => {
-                let mut g = self.pool.inner.lock();
-                self.pool.decommit_locked(&mut g, self.id, first, last);
+                let pool = &*self.pool;
+                let mut g = pool.inner.lock();
+                pool.apply_deferred(&mut g);
+                // Deferred where the next commit may cancel it (see `PagePool::commit`): a region of a
+                // stream of its own, pages left free staying mapped, the pool awake.
+                let defer = (!pool.cfg.eager_unmap || pool.pages_stay())
+                    && g.sleep.is_none()
+                    && g.regions[self.id as usize]
+                        .as_ref()
+                        .is_some_and(|r| r.stream.is_some());
+                if defer {
+                    g.deferred = Some((self.id, first, last));
+                } else {
+                    pool.decommit_locked(&mut g, self.id, first, last);
+                }
             }
             Err(e) => {
                 debug_assert!(false, "{e}");
@@ -2452,7 +2509,7 @@ impl Region {
     pub fn decommit_for(&self, offset: u64, len: u64, stream: StreamId) {
         match self.page_range(offset, len) {
             Ok((first, last)) => {
-                let mut g = self.pool.inner.lock();
+                let mut g = self.pool.lock();
                 self.pool
                     .decommit_locked_on(&mut g, self.id, first, last, Some(stream));
             }
@@ -2465,7 +2522,7 @@ impl Region {
 
     /// Bytes of pages of this region with at least one reference.
     pub fn committed_bytes(&self) -> u64 {
-        let g = self.pool.inner.lock();
+        let g = self.pool.lock();
         let r = g.regions[self.id as usize]
             .as_ref()
             .expect("registered region");
@@ -2481,14 +2538,14 @@ impl Region {
     /// How many of the pages `[offset, offset + len)` overlaps have no physical page mapped under them
     /// (committing the range would have to map that many); `u64::MAX` for a range outside the region.
     pub fn unbacked_in(&self, offset: u64, len: u64) -> u64 {
-        let g = self.pool.inner.lock();
+        let g = self.pool.lock();
         self.unbacked_locked(&g, offset, len)
     }
 
     /// [`unbacked_in`](Self::unbacked_in) of each of `ranges`, under one lock: placement policies compare
     /// candidates with it.
     pub fn unbacked_pages(&self, ranges: &[(u64, u64)]) -> Vec<u64> {
-        let g = self.pool.inner.lock();
+        let g = self.pool.lock();
         ranges
             .iter()
             .map(|&(offset, len)| self.unbacked_locked(&g, offset, len))
@@ -2511,7 +2568,7 @@ impl Region {
 
     /// References held on the page containing `offset` (tests and invariant checks).
     pub fn page_refs(&self, offset: u64) -> u32 {
-        let g = self.pool.inner.lock();
+        let g = self.pool.lock();
         let r = g.regions[self.id as usize]
             .as_ref()
             .expect("registered region");
@@ -2553,7 +2610,7 @@ mod epoch_lag_tests {
         let (s, t) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
         // Just below the bound: an ordering records a fence, no synchronize.
         {
-            let mut g = pages.inner.lock();
+            let mut g = pages.lock();
             g.epoch = g.done_epoch + MAX_EPOCH_LAG - 1;
         }
         let syncs = dev.call_counts().device_syncs;
@@ -2561,13 +2618,13 @@ mod epoch_lag_tests {
         assert_eq!(dev.call_counts().device_syncs, syncs);
         // At the bound: one synchronize, and every earlier epoch is then complete.
         {
-            let mut g = pages.inner.lock();
+            let mut g = pages.lock();
             g.epoch = g.done_epoch + MAX_EPOCH_LAG;
         }
         pages.order_after(s, t).unwrap();
         assert_eq!(dev.call_counts().device_syncs, syncs + 1);
         {
-            let g = pages.inner.lock();
+            let g = pages.lock();
             assert!(
                 g.epoch - g.done_epoch < 4,
                 "all complete after the synchronize"
@@ -2575,12 +2632,12 @@ mod epoch_lag_tests {
         }
         // During a capture the bound waits: the device-wide fence records without a synchronize.
         {
-            let mut g = pages.inner.lock();
+            let mut g = pages.lock();
             g.epoch = g.done_epoch + MAX_EPOCH_LAG;
         }
         dev.captures().begin();
         {
-            let mut g = pages.inner.lock();
+            let mut g = pages.lock();
             g.fence_stream = Some(s);
             assert!(pages.record_fence(&mut g), "a fence, no synchronize");
         }

@@ -64,6 +64,59 @@ fn recommit_in_place_makes_no_driver_call() {
 
 /// A range's inner pages are released and revived in one step when each is the range's alone, and page
 /// by page when another range shares some of them: both give the same references and counts.
+/// A region of a stream of its own (an extent arena's) defers its last decommit: committing the same
+/// pages again next cancels it — no page changes state, nothing is counted as revived — while any other
+/// use of the pool sees the decommit applied. A region shared by streams decommits at once.
+#[test]
+fn the_next_commit_of_the_same_pages_cancels_a_deferred_decommit() {
+    let dev = Arc::new(SimDevice::new());
+    let pool = pool_with(&dev, PagePoolConfig::default());
+    let own = Region::new(&pool, 64 * MIB, "own").unwrap();
+    own.set_stream(Some(0));
+    own.commit(MIB, 9 * MIB, true).unwrap();
+    let before = pool.stats();
+    let calls = dev.calls();
+    for _ in 0..10 {
+        own.decommit(MIB, 9 * MIB);
+        own.commit(MIB, 9 * MIB, false).unwrap();
+    }
+    let s = pool.stats();
+    assert_eq!(s.deferrals_cancelled - before.deferrals_cancelled, 10);
+    assert_eq!(
+        s.revivals, before.revivals,
+        "no page went free and came back"
+    );
+    assert_eq!((s.pages_in_use, s.pages_held), (5, 5));
+    assert_eq!(dev.calls().since(&calls).total(), 0, "no driver call");
+    // Anything else applies it: the statistics, another range's commit.
+    own.decommit(MIB, 9 * MIB);
+    let s = pool.stats();
+    assert_eq!((s.pages_in_use, s.pages_free_mapped), (0, 5));
+    own.commit(MIB, 9 * MIB, false).unwrap();
+    own.decommit(MIB, 9 * MIB);
+    own.commit(0, 2 * MIB, false).unwrap();
+    let s = pool.stats();
+    assert_eq!((s.pages_in_use, s.pages_free_mapped), (1, 4));
+    assert_eq!(own.page_refs(0), 1);
+    assert_eq!(own.page_refs(2 * MIB), 0);
+    // A region of no stream of its own: no deferral, every free-and-commit revives.
+    let shared = Region::new(&pool, 64 * MIB, "shared").unwrap();
+    shared.commit(0, 4 * MIB, true).unwrap();
+    let before = pool.stats();
+    shared.decommit(0, 4 * MIB);
+    shared.commit(0, 4 * MIB, false).unwrap();
+    let s = pool.stats();
+    assert_eq!(s.deferrals_cancelled, before.deferrals_cancelled);
+    assert_eq!(s.revivals - before.revivals, 2);
+    // A region dropped with its decommit deferred gives everything back.
+    own.decommit(0, 2 * MIB);
+    drop(own);
+    shared.decommit(0, 4 * MIB);
+    drop(shared);
+    pool.release_unused().unwrap();
+    assert_eq!(pool.stats().pages_held, 0);
+}
+
 #[test]
 fn inner_pages_shared_or_not_count_the_same() {
     let dev = Arc::new(SimDevice::new());
@@ -315,6 +368,20 @@ enum Op {
     Decommit {
         idx: usize,
     },
+    /// A live range decommitted and committed again at once (regions of a stream of their own: the
+    /// commit cancels the deferred decommit).
+    Cycle {
+        idx: usize,
+    },
+    /// A live range decommitted, then another committed with no other use of the pool between (the
+    /// commit applies the deferred decommit first, and may take its pages).
+    Swap {
+        idx: usize,
+        region: usize,
+        offset: u64,
+        len: u64,
+        grow: bool,
+    },
     Release,
 }
 
@@ -323,6 +390,9 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0..2usize, 0..(60 * MIB), 1..(12 * MIB), any::<bool>())
             .prop_map(|(region, offset, len, grow)| Op::Commit { region, offset, len, grow }),
         3 => any::<usize>().prop_map(|idx| Op::Decommit { idx }),
+        2 => any::<usize>().prop_map(|idx| Op::Cycle { idx }),
+        2 => (any::<usize>(), 0..2usize, 0..(60 * MIB), 1..(12 * MIB), any::<bool>())
+            .prop_map(|(idx, region, offset, len, grow)| Op::Swap { idx, region, offset, len, grow }),
         1 => Just(Op::Release),
     ]
 }
@@ -337,7 +407,7 @@ proptest! {
     /// Against a model: refcounts per page equal the number of live ranges touching it; pages held never
     /// exceed the model's peak of touched pages; everything returns when all ranges are decommitted.
     #[test]
-    fn page_model(ops in proptest::collection::vec(op(), 1..60), solo in any::<bool>(), keep in any::<bool>()) {
+    fn page_model(ops in proptest::collection::vec(op(), 1..60), solo in any::<bool>(), keep in any::<bool>(), own in any::<bool>()) {
         let dev = Arc::new(SimDevice::config().capacity(64 * MIB).build().unwrap());
         let pool = pool_with(&dev, PagePoolConfig { keep_old_mappings: keep, ..Default::default() });
         if solo {
@@ -345,6 +415,12 @@ proptest! {
             pool.set_fence_stream(Some(0));
         }
         let regions = [Region::new(&pool, 72 * MIB, "a").unwrap(), Region::new(&pool, 72 * MIB, "b").unwrap()];
+        if own {
+            // Regions of a stream of their own (an extent arena's): their decommits are deferred.
+            for r in &regions {
+                r.set_stream(Some(0));
+            }
+        }
         let mut live: Vec<(usize, u64, u64)> = Vec::new();
         let mut peak_touched = 0u64;
         // A commit that fails half-way keeps the pages it created cached (not lost), so the held peak
@@ -364,6 +440,28 @@ proptest! {
                     if !live.is_empty() {
                         let (r, o, l) = live.swap_remove(idx % live.len());
                         regions[r].decommit(o, l);
+                    }
+                }
+                Op::Cycle { idx } => {
+                    if !live.is_empty() {
+                        let (r, o, l) = live[idx % live.len()];
+                        let cancelled = pool.stats().deferrals_cancelled;
+                        regions[r].decommit(o, l);
+                        // Its pages stay mapped (referenced or free-mapped): no growth is needed.
+                        prop_assert!(regions[r].commit(o, l, false).is_ok());
+                        prop_assert_eq!(pool.stats().deferrals_cancelled, cancelled + u64::from(own));
+                    }
+                }
+                Op::Swap { idx, region, offset, len, grow } => {
+                    if !live.is_empty() {
+                        let (r, o, l) = live.swap_remove(idx % live.len());
+                        regions[r].decommit(o, l);
+                        match regions[region].commit(offset, len, grow) {
+                            Ok(()) => live.push((region, offset, len)),
+                            Err(VmmError::WouldGrow { .. }) => prop_assert!(!grow),
+                            Err(VmmError::OutOfMemory { .. }) => oomed = true,
+                            Err(e) => prop_assert!(false, "unexpected {e:?}"),
+                        }
                     }
                 }
                 Op::Release => { pool.release_unused().unwrap(); }
