@@ -553,8 +553,9 @@ impl PagePool {
         }))
     }
 
-    /// The pool's state with a deferred decommit applied: every use of the pool but a commit (which may
-    /// cancel it) and the next decommit sees the pages as the decommit left them.
+    /// The pool's state, a deferred decommit applied first: every use of the pool sees the pages as the
+    /// decommit left them, but for a commit (which may cancel it) and the next decommit, which take the
+    /// lock themselves.
     #[inline]
     fn lock(&self) -> gen_sync::SpinMutexGuard<'_, Inner> {
         let mut g = self.inner.lock();
@@ -2476,6 +2477,10 @@ impl Region {
 
     /// Drop one reference from each page overlapping `[offset, offset + len)`; pages left with none become
     /// reusable (revived in place, stolen, or released by [`PagePool::release_unused`]). No driver call.
+    ///
+    /// In a region of a stream of its own the drop is deferred until the pool's next use, and the next
+    /// commit of exactly these pages cancels it (a block freed and its range cut again: neither walks the
+    /// pages); whatever else uses the pool first sees it applied.
     pub fn decommit(&self, offset: u64, len: u64) {
         match self.page_range(offset, len) {
             Ok((first, last)) => {
