@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 19 on the GPU machine (.gpu/ staged by gpu-pack, then benches/gpu/pack_cuda_tests.sh, plus the
+# Sessions 19 and 20 on the GPU machine (.gpu/ staged by gpu-pack, then benches/gpu/pack_cuda_tests.sh, plus the
 # "before" builds below). Steps (STEPS, comma-separated; default tests,threads,torch):
 #   tests   every CUDA test binary of the workspace;
 #   threads the engine's lock contention on the host's 16 cores, before / after the warm path's lock
