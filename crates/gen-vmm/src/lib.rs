@@ -12,7 +12,9 @@
 //!
 //! 1. a page whose references drop to zero stays mapped where it is ("free-mapped") — if the same address
 //!    is committed again (the next training iteration lays its blocks out the same way) it is revived with
-//!    no driver call at all;
+//!    no driver call at all; and a region of a stream of its own leaves its last decommit pending, so
+//!    that a block freed and its pages committed again at once (a loop's temporary buffer) never walks
+//!    them (any other use of the pool applies the decommit first);
 //! 2. a commit that needs a page where none is mapped takes, in order: an unmapped cached handle, a
 //!    free-mapped page *stolen* from another address (one `synchronize`, `cuMemUnmap`, `cuMemMap`), and only
 //!    then a new physical page from the driver (`cuMemCreate`).
