@@ -42,7 +42,8 @@ use crate::{PagePool, VmmError};
 /// No sole allocator: none yet, or several.
 const NONE: u64 = u64::MAX;
 
-/// Who allocates from a range and who freed into it. See the [module docs](self).
+/// Who allocates from a range and who freed into it: the stream rule for blocks of a range several
+/// streams use (this file's module docs; docs/ARCHITECTURE.md, "Stream rules").
 #[derive(Debug)]
 pub struct Handoff {
     /// The range's one allocator when there is exactly one (it is then a known freer too), else `NONE`.
