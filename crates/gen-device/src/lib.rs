@@ -369,7 +369,7 @@ pub trait Device: Send + Sync + fmt::Debug {
     // ---- sharing physical memory with another process (CUDA IPC) ----
 
     /// A POSIX file descriptor for physical allocation `handle` (`cuMemExportToShareableHandle`), for
-    /// another process to take with `pidfd_getfd` ([`ipc::fd_of_process`]). The device keeps the
+    /// another process to take with `pidfd_getfd` ([`ipc::ProcessFds::take`]). The device keeps the
     /// descriptor open, and returns the same one, until `handle` is released.
     fn export_handle(&self, handle: PhysHandle) -> Result<i32>;
     /// A physical allocation of `bytes` from a file descriptor of this process made by

@@ -242,16 +242,16 @@ impl PlanServer {
         })
     }
 
-    /// Whether the planner should see this large allocation. After [`PLAN_QUIET_WINDOWS`] windows of
-    /// [`PLAN_WAKE_WINDOW`] large allocations in which the tiers moved no page and no plan was in use it
+    /// Whether the planner should see this large allocation. After `PLAN_QUIET_WINDOWS` windows of
+    /// `PLAN_WAKE_WINDOW` large allocations in which the tiers moved no page and no plan was in use it
     /// sleeps, costing one counter increment per large allocation (a plan could only cost memory there:
     /// ResNet-50's layout repeats in place); the first window that moves a page wakes it. Falling asleep
     /// drops a period being recorded or packed and a ready plan (`Planner::pause`): they need every
     /// allocation, and one that never moved a page would not be served anyway. (Recording used to keep
     /// the planner awake, and on a loop whose period it kept re-recording — ResNet-50 in the simulator —
     /// that cost ~0.4 µs per large allocation for hundreds of iterations.) And where pages move but no
-    /// period shows up in [`PLAN_GIVE_UP_WINDOWS`] awake windows (random shapes: GPT-2 medium's, ~0.25 µs
-    /// per large allocation for nothing) it gives up for [`PLAN_SNOOZE_FIRST`] windows, doubling with each
+    /// period shows up in `PLAN_GIVE_UP_WINDOWS` awake windows (random shapes: GPT-2 medium's, ~0.25 µs
+    /// per large allocation for nothing) it gives up for `PLAN_SNOOZE_FIRST` windows, doubling with each
     /// give-up in a row, then looks again.
     pub fn awake(&self) -> bool {
         // A window clock: a plain load and store (no locked instruction on every large allocation); a

@@ -112,12 +112,12 @@ impl LiveBlock {
 
 /// One device's generational pool. `Send + Sync`: allocate and free from any thread.
 ///
-/// The engine routes: it classifies each allocation, picks a tier ([`TierAlloc`]: the slab, the extent
+/// The engine routes: it classifies each allocation, picks a tier (`TierAlloc`: the slab, the extent
 /// arenas of `arenas.rs`, the driver pool, the buddy) or a planned slot of the plan server
 /// (`gen_plan::PlanServer`), climbs the release-and-retry ladder when the tier cannot serve, and keeps the
 /// books. Each tier, the plan server and the headroom governor (`headroom.rs`) own their state.
 ///
-/// `repr(C)`, in this order: the per-call words ([`Hot`]), the classifier (whose own per-call fields lead
+/// `repr(C)`, in this order: the per-call words (`Hot`), the classifier (whose own per-call fields lead
 /// it), then one cache line of the references every call follows (page pool, extent arenas, metadata
 /// table, plan server), then the tiers. Rust's default order (by alignment) put these references on
 /// three or four lines of a ~5.7 KB struct.
@@ -1122,7 +1122,7 @@ impl Pool {
     /// page pool's headroom grows (up to `page_slack_max`) when the iteration spent more than
     /// `move_budget` of its wall time moving pages — by half a percent per budget spent, at most two
     /// percent at a time, and not while a plan is recorded or ready to take the moves over. The first
-    /// [`WARM_ITERATIONS`] marks only start the clock (warm-up lays everything out once).
+    /// three marks (`headroom.rs`'s `WARM_ITERATIONS`) only start the clock (warm-up lays everything out once).
     pub fn mark_iteration(&self) {
         self.classifier.mark_iteration();
         self.headroom.on_iteration(&self.pages, || {
