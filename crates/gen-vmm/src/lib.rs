@@ -561,14 +561,12 @@ impl PagePool {
     #[inline]
     fn lock(&self) -> gen_sync::SpinMutexGuard<'_, Inner> {
         let mut g = self.inner.lock();
-        if g.deferred.is_some() {
-            self.apply_deferred(&mut g);
-        }
+        self.apply_deferred(&mut g);
         g
     }
 
     /// Apply the deferred decommit, if there is one.
-    #[cold]
+    #[inline]
     fn apply_deferred(&self, g: &mut Inner) {
         if let Some((rid, first, last)) = g.deferred.take() {
             self.decommit_locked(g, rid, first, last);
@@ -624,6 +622,13 @@ impl PagePool {
     #[inline]
     pub fn pages_stay(&self) -> bool {
         self.keep_mappings.load(Relaxed) || self.capturing()
+    }
+
+    /// Whether pages a decommit leaves free stay mapped (the default) rather than being unmapped at once
+    /// (`eager_unmap`, and not while pages must stay).
+    #[inline]
+    fn leaves_pages_mapped(&self) -> bool {
+        !self.cfg.eager_unmap || self.pages_stay()
     }
 
     /// Whether a capture is underway on the device (what the device's user told it).
@@ -1356,17 +1361,16 @@ impl PagePool {
         // state after is the decommit's and this commit's — the same references, in-use counts and
         // peaks (the pages were mapped and referenced throughout; a deferral needs a region of a stream
         // of its own, whose revivals need no ordering). Any other deferred decommit is applied first.
-        if let Some(d) = g.deferred.take() {
-            if d == (rid, first, last) {
-                let in_use = g.regions[rid as usize]
-                    .as_ref()
-                    .expect("registered region")
-                    .in_use;
-                g.stats.deferrals_cancelled += 1;
-                return Ok((in_use, false));
-            }
-            self.decommit_locked(&mut g, d.0, d.1, d.2);
+        if g.deferred == Some((rid, first, last)) {
+            g.deferred = None;
+            g.stats.deferrals_cancelled += 1;
+            let in_use = g.regions[rid as usize]
+                .as_ref()
+                .expect("registered region")
+                .in_use;
+            return Ok((in_use, false));
         }
+        self.apply_deferred(&mut g);
         // Several streams, a region of no stream of its own (the slab's), committed for `target`: a page
         // revived in place whose last block was freed on another stream still warm there is reused
         // only after `target` waits on that stream's fence.
@@ -1925,10 +1929,8 @@ impl PagePool {
         freed_on: Option<StreamId>,
     ) {
         let bit = freed_on.map(|s| Self::stream_bit(g, s));
-        // Decided once per call, not per page: whether pages left free stay mapped (the default) or are
-        // unmapped at once (`eager_unmap`, and not while pages must stay) — a capture check is a call
-        // through the device.
-        let lazy = !self.cfg.eager_unmap || self.pages_stay();
+        // Decided once per call, not per page (a capture check is a call through the device).
+        let lazy = self.leaves_pages_mapped();
         let mut eager: Vec<u32> = Vec::new();
         {
             let Inner {
@@ -2487,11 +2489,10 @@ impl Region {
         match self.page_range(offset, len) {
             Ok((first, last)) => {
                 let pool = &*self.pool;
-                let mut g = pool.inner.lock();
-                pool.apply_deferred(&mut g);
+                let mut g = pool.lock();
                 // Deferred where the next commit may cancel it (see `PagePool::commit`): a region of a
                 // stream of its own, pages left free staying mapped, the pool awake.
-                let defer = (!pool.cfg.eager_unmap || pool.pages_stay())
+                let defer = pool.leaves_pages_mapped()
                     && g.sleep.is_none()
                     && g.regions[self.id as usize]
                         .as_ref()

@@ -1122,7 +1122,7 @@ impl Pool {
     /// page pool's headroom grows (up to `page_slack_max`) when the iteration spent more than
     /// `move_budget` of its wall time moving pages — by half a percent per budget spent, at most two
     /// percent at a time, and not while a plan is recorded or ready to take the moves over. The first
-    /// three marks (`headroom.rs`'s `WARM_ITERATIONS`) only start the clock (warm-up lays everything out once).
+    /// `WARM_ITERATIONS` marks (`headroom.rs`) only start the clock (warm-up lays everything out once).
     pub fn mark_iteration(&self) {
         self.classifier.mark_iteration();
         self.headroom.on_iteration(&self.pages, || {
