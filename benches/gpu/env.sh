@@ -66,3 +66,22 @@ engine_replay_all() {
 machine_info() {
   { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; python3 -c "import torch; print(torch.__version__)"; } > "$OUT/machine.txt" 2>&1
 }
+# What a session's call does first: the machine, then every CUDA test binary when STEPS has `tests`.
+begin_call() {
+  machine_info
+  if has tests; then cuda_tests; fi
+}
+# What a call's tables start with: the machine, the CUDA tests' results, the compatibility suite's
+# failures and differences, the engine's replay table (each where its step ran).
+begin_tables() {
+  cat "$OUT/machine.txt"
+  grep -E "test result|rc=|FAILED|panicked" "$OUT/cuda_tests.log" 2>/dev/null
+  grep -E "^\| |compat:" "$OUT/compat.log" 2>/dev/null | grep -E "fail|REGRESSION|compat:|differ|: native" | head -40
+  python3 benches/gpu/cli_table.py
+  tail -3 "$OUT/cli.err" 2>/dev/null
+}
+# The compatibility suite (benches/gpu/compat.py) under $COMPAT_MODES, else the modes given, to
+# $OUT/compat.jsonl, compat.md and compat.log.
+compat_suite() {
+  timeout 420 python3 benches/gpu/compat.py --modes "${COMPAT_MODES:-$1}" --jobs 8 --json "$OUT/compat.jsonl" --md "$OUT/compat.md" > "$OUT/compat.log" 2>&1
+}

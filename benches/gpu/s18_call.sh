@@ -12,11 +12,8 @@
 set -uo pipefail
 STEPS_DEFAULT=tests,compat,cli
 . "$(dirname "$0")/env.sh"
-machine_info
-has tests && cuda_tests
-if has compat; then
-  timeout 420 python3 benches/gpu/compat.py --modes "${COMPAT_MODES:-native,expandable,genpool}" --jobs 8 --json "$OUT/compat.jsonl" --md "$OUT/compat.md" > "$OUT/compat.log" 2>&1
-fi
+begin_call
+has compat && compat_suite native,expandable,genpool
 has cli && engine_replay_all
 if has streams; then
   for r in 1 2 3; do for n in 8 32; do for b in pool_streams-base pool_streams; do
@@ -28,10 +25,6 @@ if has torch; then
   tr=(); for t in ${TORCH_TRACES:-resnet50_train gpt2_generate_kv gpt2_train_fixed gpt2_prefetch}; do tr+=(benches/traces/$t.csv.gz); done
   timeout 300 python3 benches/gpu/torch_replay.py "${tr[@]}" --modes native,expandable,genpool --reps "${REPS:-4}" > "$OUT/torch.jsonl" 2> "$OUT/torch.err"
 fi
-cat "$OUT/machine.txt"
-grep -E "test result|rc=|FAILED|panicked" "$OUT/cuda_tests.log" 2>/dev/null
-grep -E "^\| |compat:" "$OUT/compat.log" 2>/dev/null | grep -E "fail|REGRESSION|compat:|differ|: native" | head -40
-python3 benches/gpu/cli_table.py
-tail -3 "$OUT/cli.err" 2>/dev/null
+begin_tables
 cat "$OUT/streams.txt" 2>/dev/null
 tail -20 "$OUT/torch.jsonl" 2>/dev/null | cut -c1-300

@@ -10,14 +10,13 @@
 #           (.gpu/py_old: the package at the session's start, bin/libgenpool_torch_old.so) and after,
 #           taking turns, TORCH_ROUNDS rounds (default 1);
 #   tthreads torch_threads.py, native and genpool, 1 and 16 threads;
-#   compat  the compatibility suite under COMPAT_MODES (default genpool);
+#   compat  the compatibility suite under COMPAT_MODES (default native,expandable,genpool);
 #   cli     the engine's own CUDA replay of the ten traces (PASSES, default 5).
 # Logs under $OUT; tables last.
 set -uo pipefail
 STEPS_DEFAULT=tests,threads,torch
 . "$(dirname "$0")/env.sh"
-machine_info
-has tests && cuda_tests
+begin_call
 if has threads; then
   for r in 1 2; do for b in threads-base threads; do
     echo "$b round $r" >> "$OUT/threads.txt"
@@ -41,15 +40,9 @@ fi
 if has tthreads; then
   timeout 200 python3 benches/gpu/torch_threads.py --modes native,genpool --threads 1,16 --pairs 100000 > "$OUT/tthreads.jsonl" 2>> "$OUT/tthreads.err"
 fi
-if has compat; then
-  timeout 420 python3 benches/gpu/compat.py --modes "${COMPAT_MODES:-genpool}" --jobs 8 --json "$OUT/compat.jsonl" --md "$OUT/compat.md" > "$OUT/compat.log" 2>&1
-fi
+has compat && compat_suite native,expandable,genpool
 has cli && engine_replay_all
-cat "$OUT/machine.txt"
-grep -E "test result|rc=|FAILED|panicked" "$OUT/cuda_tests.log" 2>/dev/null
-grep -E "^\| |compat:" "$OUT/compat.log" 2>/dev/null | grep -E "fail|REGRESSION|compat:|differ|: native" | head -40
-python3 benches/gpu/cli_table.py
-tail -3 "$OUT/cli.err" 2>/dev/null
+begin_tables
 cat "$OUT/threads.txt" 2>/dev/null
 cut -c1-260 "$OUT/tthreads.jsonl" 2>/dev/null
 tail -3 "$OUT/torch.err" 2>/dev/null
