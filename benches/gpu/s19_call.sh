@@ -19,18 +19,20 @@ STEPS_DEFAULT=tests,threads,torch
 begin_call
 if has threads; then
   for r in 1 2; do for b in threads-base threads; do
+    [ -x "$G/bin/$b" ] || continue
     echo "$b round $r" >> "$OUT/threads.txt"
     GENPOOL_THREADS_SCALE=1024 timeout 60 "$G"/bin/$b 100000 1 4 16 >> "$OUT/threads.txt" 2>&1
   done; for b in torch_threads_sim-base torch_threads_sim; do
+    [ -x "$G/bin/$b" ] || continue
     echo "$b round $r" >> "$OUT/threads.txt"
     timeout 60 "$G"/bin/$b 200000 1 16 >> "$OUT/threads.txt" 2>&1
   done; done
 fi
 if has torch; then
   tr=(); for t in ${TORCH_TRACES:-resnet50_train gpt2_generate_kv gpt2_train_fixed gpt2_prefetch}; do tr+=(benches/traces/$t.csv.gz); done
-  timeout 150 python3 benches/gpu/torch_replay.py "${tr[@]}" --modes expandable --reps "${REPS:-4}" > "$OUT/torch.jsonl" 2>> "$OUT/torch.err"
+  timeout 150 python3 benches/gpu/torch_replay.py "${tr[@]}" --modes "${TORCH_ANCHORS:-expandable}" --reps "${REPS:-4}" > "$OUT/torch.jsonl" 2>> "$OUT/torch.err"
   for r in $(seq "${TORCH_ROUNDS:-1}"); do
-    PYTHONPATH="$PWD/$G/py_old" GENPOOL_LIB="$PWD/$G/bin/libgenpool_torch_old.so" GENPOOL_SHIM_DIR=/tmp/genpool_cache_old \
+    [ -d "$G/py_old" ] && PYTHONPATH="$PWD/$G/py_old" GENPOOL_LIB="$PWD/$G/bin/libgenpool_torch_old.so" GENPOOL_SHIM_DIR=/tmp/genpool_cache_old \
       timeout 150 python3 benches/gpu/torch_replay.py "${tr[@]}" --modes genpool --reps "${REPS:-4}" 2>> "$OUT/torch.err" |
       tag_runs before "$r" >> "$OUT/torch.jsonl"
     timeout 150 python3 benches/gpu/torch_replay.py "${tr[@]}" --modes genpool --reps "${REPS:-4}" 2>> "$OUT/torch.err" |
