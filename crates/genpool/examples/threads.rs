@@ -94,13 +94,18 @@ fn run(threads: usize, ops: usize, handoff: usize, mode: &str) -> f64 {
             }
         })
         .collect();
-    let queues: Arc<Vec<ArrayQueue<u64>>> =
-        Arc::new((0..threads).map(|_| ArrayQueue::new(1 << 16)).collect());
-    let start = Arc::new(Barrier::new(threads + 1));
     let scale: u64 = std::env::var("GENPOOL_THREADS_SCALE")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(1);
+        .unwrap_or(1)
+        .max(1);
+    // The hand-off queues hold the same bytes at every scale (64 Ki blocks of 512 B at scale 1): a
+    // thread the OS deschedules lets its queue fill, and at scale 1024 an unbounded share of the
+    // device's memory would wait there (16 threads ran the simulated 8 GiB out on the GPU host).
+    let depth = ((1u64 << 16) / scale).max(16) as usize;
+    let queues: Arc<Vec<ArrayQueue<u64>>> =
+        Arc::new((0..threads).map(|_| ArrayQueue::new(depth)).collect());
+    let start = Arc::new(Barrier::new(threads + 1));
     let hs: Vec<_> = (0..threads)
         .map(|i| {
             let (pool, queues, start) = (pools[i].clone(), queues.clone(), start.clone());
