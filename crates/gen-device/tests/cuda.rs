@@ -1,29 +1,18 @@
 //! `CudaDevice` against a real driver. The GPU tests are `#[ignore]`d; run them with
 //! `cargo test -p gen-device --test cuda -- --include-ignored`. Each first tries `CudaDevice::new(0)`; when
-//! no device opens it fails, saying why, unless `GENPOOL_SKIP_GPU=1` asks to skip (then it prints one line
-//! and passes).
+//! no device opens it fails, saying why.
 
 use gen_device::{open, CudaDevice, Device, DeviceError, DeviceKind, DevicePtr};
 
-/// Device 0; with no CUDA driver or device a failure, or `None` (one line printed) when the caller set
-/// `GENPOOL_SKIP_GPU=1`.
-fn gpu(test: &str) -> Option<CudaDevice> {
+/// Device 0; with no CUDA driver or device, or any other error opening it, a failure naming `test` and why.
+fn gpu(test: &str) -> CudaDevice {
     match CudaDevice::new(0) {
-        Ok(d) => Some(d),
-        Err(DeviceError::NoDriver(why)) if skip_gpu() => {
-            eprintln!("SKIP {test}: no CUDA driver/device ({why}); GENPOOL_SKIP_GPU=1");
-            None
-        }
+        Ok(d) => d,
         Err(DeviceError::NoDriver(why)) => {
-            panic!("{test}: no CUDA driver/device ({why}); set GENPOOL_SKIP_GPU=1 to skip the GPU tests")
+            panic!("{test}: needs a CUDA device, and none opens: no CUDA driver/device ({why})")
         }
         Err(e) => panic!("{test}: CudaDevice::new(0) failed: {e}"),
     }
-}
-
-/// Whether the caller asked to skip the GPU tests where no device opens (`GENPOOL_SKIP_GPU=1`).
-fn skip_gpu() -> bool {
-    std::env::var_os("GENPOOL_SKIP_GPU").is_some_and(|v| v == "1")
 }
 
 #[test]
@@ -54,9 +43,7 @@ fn new_without_a_driver_is_no_driver_or_works() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn props_and_invalid_ordinal() {
-    let Some(d) = gpu("props_and_invalid_ordinal") else {
-        return;
-    };
+    let d = gpu("props_and_invalid_ordinal");
     let p = d.props();
     eprintln!("{p:?}");
     assert!(p.supports_vmm && p.supports_pools);
@@ -77,7 +64,7 @@ fn props_and_invalid_ordinal() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn vmm_reserve_create_map_write_read_unmap_release() {
-    let Some(d) = gpu("vmm") else { return };
+    let d = gpu("vmm");
     let g = d.props().vmm_granularity;
     let va = d.va_reserve(4 * g, 0).unwrap();
     assert_eq!(va % g, 0);
@@ -120,7 +107,7 @@ fn vmm_reserve_create_map_write_read_unmap_release() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn pool_on_two_streams_with_an_event() {
-    let Some(d) = gpu("pool") else { return };
+    let d = gpu("pool");
     let pool = d.pool_create(u64::MAX).unwrap();
     let s1 = d.stream_create().unwrap();
     let s2 = d.stream_create().unwrap();
@@ -162,7 +149,7 @@ fn pool_on_two_streams_with_an_event() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn events_and_stream_waits() {
-    let Some(d) = gpu("events") else { return };
+    let d = gpu("events");
     let s = d.stream_create().unwrap();
     let e = d.event_create().unwrap();
     assert!(d.event_query(e).unwrap(), "never recorded = complete");
@@ -194,7 +181,7 @@ fn events_and_stream_waits() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn memset_read_and_plain_alloc() {
-    let Some(d) = gpu("memset") else { return };
+    let d = gpu("memset");
     let n: u64 = 3 << 20;
     let p: DevicePtr = d.mem_alloc(n).unwrap();
     assert_eq!(p % 256, 0);
@@ -220,7 +207,7 @@ fn memset_read_and_plain_alloc() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn huge_phys_create_is_out_of_memory() {
-    let Some(d) = gpu("oom") else { return };
+    let d = gpu("oom");
     let g = d.props().vmm_granularity;
     let huge = (d.props().total_mem * 4).div_ceil(g) * g;
     match d.phys_create(huge) {
@@ -245,19 +232,19 @@ fn huge_phys_create_is_out_of_memory() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn drop_releases_what_the_device_made() {
-    let Some(d) = gpu("drop") else { return };
+    let d = gpu("drop");
     let _s = d.stream_create().unwrap();
     let _e = d.event_create().unwrap();
     let _p = d.pool_create(0).unwrap();
     drop(d); // must not panic; errors are logged
-    let d = gpu("drop (reopen)").expect("the driver was present a moment ago");
+    let d = gpu("drop (reopen)");
     d.synchronize().unwrap();
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn usable_from_other_threads() {
-    let Some(d) = gpu("threads") else { return };
+    let d = gpu("threads");
     let d = std::sync::Arc::new(d);
     let handles: Vec<_> = (0..4)
         .map(|t| {
@@ -282,9 +269,7 @@ fn usable_from_other_threads() {
 #[ignore = "needs a CUDA GPU"]
 fn exported_pages_import_through_a_pidfd_as_the_same_memory() {
     use std::os::fd::AsFd;
-    let Some(d) = gpu("exported_pages_import_through_a_pidfd_as_the_same_memory") else {
-        return;
-    };
+    let d = gpu("exported_pages_import_through_a_pidfd_as_the_same_memory");
     let g = d.props().vmm_granularity;
     let va = d.va_reserve(2 * g, 0).unwrap();
     let h = d.phys_create(g).unwrap();
@@ -311,9 +296,7 @@ fn exported_pages_import_through_a_pidfd_as_the_same_memory() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_device_is_not_its_own_peer_and_peers_must_exist() {
-    let Some(d) = gpu("a_device_is_not_its_own_peer_and_peers_must_exist") else {
-        return;
-    };
+    let d = gpu("a_device_is_not_its_own_peer_and_peers_must_exist");
     assert!(matches!(
         d.add_peer(0),
         Err(DeviceError::InvalidArgument { .. })

@@ -1,7 +1,6 @@
 //! On a real GPU: `DriverPool` alloc/free across two streams, a memset on one and a read after reuse on
 //! the other. Run with `cargo test -p gen-stream --test cuda -- --include-ignored` on a CUDA machine
-//! (and under `compute-sanitizer --tool memcheck`); without a driver it fails saying why, unless
-//! `GENPOOL_SKIP_GPU=1` asks to skip (then it prints one line and passes).
+//! (and under `compute-sanitizer --tool memcheck`); without a driver it fails saying why.
 
 use std::sync::Arc;
 
@@ -9,29 +8,24 @@ use gen_device::cuda::CudaDevice;
 use gen_device::{Device, DeviceError};
 use gen_stream::{DriverPool, DriverPoolConfig};
 
-fn device() -> Option<Arc<dyn Device>> {
+/// Device 0. With no CUDA driver or device, or any other error opening it, the calling test fails,
+/// naming itself and why.
+fn device() -> Arc<dyn Device> {
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("this GPU test");
     match CudaDevice::new(0) {
-        Ok(d) => Some(Arc::new(d)),
-        Err(DeviceError::NoDriver(why)) if skip_gpu() => {
-            eprintln!("SKIP: no CUDA driver or device ({why}); GENPOOL_SKIP_GPU=1");
-            None
-        }
+        Ok(d) => Arc::new(d),
         Err(DeviceError::NoDriver(why)) => {
-            panic!("no CUDA driver or device ({why}); set GENPOOL_SKIP_GPU=1 to skip the GPU tests")
+            panic!("{test}: needs a CUDA device, and none opens: no CUDA driver or device ({why})")
         }
-        Err(e) => panic!("CudaDevice::new(0): {e}"),
+        Err(e) => panic!("{test}: CudaDevice::new(0): {e}"),
     }
-}
-
-/// Whether the caller asked to skip the GPU tests where no device opens (`GENPOOL_SKIP_GPU=1`).
-fn skip_gpu() -> bool {
-    std::env::var_os("GENPOOL_SKIP_GPU").is_some_and(|v| v == "1")
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cross_stream_reuse_on_a_real_gpu() {
-    let Some(dev) = device() else { return };
+    let dev = device();
     let (s, t) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
     let pool = DriverPool::new(dev.clone(), DriverPoolConfig::default()).unwrap();
     const N: u64 = 8 << 20;

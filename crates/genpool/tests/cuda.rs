@@ -1,6 +1,5 @@
 //! The engine on a real GPU. `#[ignore]`d here (no GPU in CI); run on the GPU machine with
-//! `--include-ignored`. With no CUDA driver or device each test fails saying why, unless `GENPOOL_SKIP_GPU=1`
-//! asks to skip (then it prints one line and returns).
+//! `--include-ignored`. With no CUDA driver or device each test fails saying why.
 
 use std::sync::Arc;
 
@@ -92,23 +91,18 @@ fn the_gpu_tests_configurations_parse() {
     }
 }
 
-fn device() -> Option<Arc<dyn Device>> {
+/// Device 0. With no CUDA driver or device, or any other error opening it, the calling test fails,
+/// naming itself and why.
+fn device() -> Arc<dyn Device> {
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("this GPU test");
     match CudaDevice::new(0) {
-        Ok(d) => Some(Arc::new(d)),
-        Err(DeviceError::NoDriver(why)) if skip_gpu() => {
-            eprintln!("SKIP: no CUDA driver or device ({why}); GENPOOL_SKIP_GPU=1");
-            None
-        }
+        Ok(d) => Arc::new(d),
         Err(DeviceError::NoDriver(why)) => {
-            panic!("no CUDA driver or device ({why}); set GENPOOL_SKIP_GPU=1 to skip the GPU tests")
+            panic!("{test}: needs a CUDA device, and none opens: no CUDA driver or device ({why})")
         }
-        Err(e) => panic!("CUDA present but unusable: {e}"),
+        Err(e) => panic!("{test}: CUDA present but unusable: {e}"),
     }
-}
-
-/// Whether the caller asked to skip the GPU tests where no device opens (`GENPOOL_SKIP_GPU=1`).
-fn skip_gpu() -> bool {
-    std::env::var_os("GENPOOL_SKIP_GPU").is_some_and(|v| v == "1")
 }
 
 fn hint(l: Lifetime) -> Hint {
@@ -123,7 +117,7 @@ fn hint(l: Lifetime) -> Hint {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn all_tiers_serve_real_memory() {
-    let Some(dev) = device() else { return };
+    let dev = device();
     for (conf, mid_tier) in ALL_TIERS_CONFS {
         let pool = Pool::new(dev.clone(), Config::parse(conf).unwrap()).unwrap();
         let reqs = [
@@ -160,7 +154,7 @@ fn all_tiers_serve_real_memory() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cross_stream_free_and_reuse() {
-    let Some(dev) = device() else { return };
+    let dev = device();
     let pool = Pool::new(dev.clone(), Config::default()).unwrap();
     let (a, b) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
     for size in [64 * 1024, 24 * MIB] {
@@ -186,7 +180,7 @@ fn cross_stream_free_and_reuse() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn vmm_pages_move_between_blocks() {
-    let Some(dev) = device() else { return };
+    let dev = device();
     let pool = Pool::new(dev.clone(), Config::default()).unwrap();
     let x = pool.alloc(64 * MIB, 0, hint(Lifetime::Short)).unwrap();
     pool.free(x.ptr, 0).unwrap();
@@ -215,7 +209,7 @@ fn vmm_pages_move_between_blocks() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn one_stream_moves_busy_pages_without_synchronizing() {
-    let Some(dev) = device() else { return };
+    let dev = device();
     let t = TwoStreams::new(dev.clone());
     let pool = Pool::new(dev.clone(), Config::default()).unwrap();
     let x = pool.alloc(64 * MIB, t.a, hint(Lifetime::Short)).unwrap();
@@ -252,7 +246,7 @@ fn one_stream_moves_busy_pages_without_synchronizing() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn moved_pages_come_back_through_their_old_mappings() {
-    let Some(dev) = device() else { return };
+    let dev = device();
     let t = TwoStreams::new(dev.clone());
     let pool = Pool::new(dev.clone(), Config::default()).unwrap();
     let x = pool.alloc(64 * MIB, t.a, hint(Lifetime::Short)).unwrap();
@@ -289,7 +283,7 @@ fn moved_pages_come_back_through_their_old_mappings() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn capped_pool_out_of_memory_recovers() {
-    let Some(dev) = device() else { return };
+    let dev = device();
     let pool = Pool::new(dev.clone(), Config::parse(CAPPED_CONF).unwrap()).unwrap();
     let a = pool.alloc(200 * MIB, 0, hint(Lifetime::Short)).unwrap();
     match pool.alloc(100 * MIB, 0, hint(Lifetime::Short)) {
@@ -449,7 +443,7 @@ impl Drop for TwoStreams {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cross_stream_reuse_waits_for_work_on_the_freeing_stream() {
-    let Some(dev) = device() else { return };
+    let dev = device();
     let t = TwoStreams::new(dev.clone());
     for (conf, size, life, tier) in REUSE_CASES {
         let pool = Pool::new(dev.clone(), Config::parse(conf).unwrap()).unwrap();
@@ -526,7 +520,7 @@ fn cross_stream_reuse_waits_for_work_on_the_freeing_stream() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cross_stream_broken_reuse_is_caught() {
-    let Some(dev) = device() else { return };
+    let dev = device();
     let t = TwoStreams::new(dev.clone());
     let pool = Pool::new(dev.clone(), Config::default()).unwrap();
     t.introduce(&pool);
@@ -565,7 +559,7 @@ fn cross_stream_broken_reuse_is_caught() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_later_stream_taking_anothers_freed_bytes_waits_for_its_work() {
-    let Some(dev) = device() else { return };
+    let dev = device();
     let t = TwoStreams::new(dev.clone());
     let first = dev.stream_create().unwrap();
     let pool = Pool::new(dev.clone(), Config::default()).unwrap();
@@ -602,7 +596,7 @@ fn a_later_stream_taking_anothers_freed_bytes_waits_for_its_work() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn foreign_free_orders_the_arena_stream_after_the_last_user() {
-    let Some(dev) = device() else { return };
+    let dev = device();
     let t = TwoStreams::new(dev.clone());
     for (conf, size, life, tier) in FOREIGN_FREE_CASES {
         let pool = Pool::new(dev.clone(), Config::parse(conf).unwrap()).unwrap();

@@ -1,6 +1,6 @@
 //! Sleep / wake on a real GPU (issue 22). `#[ignore]`d here (no GPU in CI); run on the GPU machine with
 //! `cargo test --release -p genpool --test cuda_sleep -- --include-ignored --nocapture`. Without a device
-//! each test fails, unless `GENPOOL_SKIP_GPU=1` asks to skip (then it says so in one line).
+//! each test fails, saying why.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -12,18 +12,17 @@ use genpool::{Config, GenpoolError, Hint, Lifetime, Pool, SleepOptions};
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
-fn device() -> Option<Arc<dyn Device>> {
+/// Device 0. With no CUDA driver or device, or any other error opening it, the calling test fails,
+/// naming itself and why.
+fn device() -> Arc<dyn Device> {
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("this GPU test");
     match CudaDevice::new(0) {
-        Ok(d) => Some(Arc::new(d)),
-        // No device: a failure, unless the caller asked to skip GPU tests (GENPOOL_SKIP_GPU=1).
-        Err(DeviceError::NoDriver(why)) if std::env::var_os("GENPOOL_SKIP_GPU").is_some() => {
-            eprintln!("SKIP (GENPOOL_SKIP_GPU set): no CUDA driver or device ({why})");
-            None
-        }
+        Ok(d) => Arc::new(d),
         Err(DeviceError::NoDriver(why)) => {
-            panic!("no CUDA driver or device ({why}); set GENPOOL_SKIP_GPU=1 to skip the GPU tests")
+            panic!("{test}: needs a CUDA device, and none opens: no CUDA driver or device ({why})")
         }
-        Err(e) => panic!("CUDA present but unusable: {e}"),
+        Err(e) => panic!("{test}: CUDA present but unusable: {e}"),
     }
 }
 
@@ -38,7 +37,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn sleep_gives_real_memory_back_and_wake_restores_it() {
-    let Some(dev) = device() else { return };
+    let dev = device();
     assert!(!dev.stream_is_capturing(0).unwrap());
     let pool = Pool::new(dev.clone(), Config::default()).unwrap();
     let sizes = [
