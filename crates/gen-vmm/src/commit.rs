@@ -494,13 +494,7 @@ impl PagePool {
     /// Take the physical page of the free page `(rid, pidx)` (out of the free set already) for another
     /// address without unmapping it: the address keeps it as an old mapping. Returns the page.
     fn leave_mapped(g: &mut Inner, rid: u32, pidx: u32, how: Settled) -> PhysHandle {
-        let r = g.regions[rid as usize].as_mut().expect("registered region");
-        let h = r.pages[pidx as usize]
-            .handle
-            .take()
-            .expect("free-mapped page has a handle");
-        r.hot[pidx as usize].set_backed(false);
-        g.owners.remove(&h.0);
+        let h = crate::detach(g, rid, pidx);
         Self::make_zombie(g, rid, pidx, h, how);
         h
     }

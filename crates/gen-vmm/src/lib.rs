@@ -652,14 +652,13 @@ impl PagePool {
         let r = g.regions[rid as usize].as_mut().expect("registered region");
         let va = r.base + pidx as u64 * self.page;
         debug_assert_eq!(r.hot[pidx as usize].refs, 0);
-        let p = &mut r.pages[pidx as usize];
-        let handle = p.handle.expect("free-mapped page has a handle");
+        debug_assert!(
+            r.pages[pidx as usize].handle.is_some(),
+            "free-mapped page has a handle"
+        );
         self.device.unmap(va, self.page)?;
-        p.handle = None;
-        r.hot[pidx as usize].set_backed(false);
-        g.owners.remove(&handle.0);
         g.stats.unmaps += 1;
-        Ok(handle)
+        Ok(detach(g, rid, pidx))
     }
 
     fn unregister(&self, rid: u32) -> Result<(), VmmError> {
@@ -781,4 +780,18 @@ impl Drop for PagePool {
 /// Take the free-mapped page with the highest page index (of any region).
 fn pop_free_mapped(g: &mut Inner) -> Option<(u32, u32)> {
     g.free_mapped.pop_last().map(|(pidx, rid)| (rid, pidx))
+}
+
+/// Page `(rid, pidx)`'s address no longer holds its physical page (unmapped, or left as an old mapping
+/// by the caller): take the handle out of the page and out of `owners`, and mark the page unbacked.
+/// Returns the handle.
+pub(crate) fn detach(g: &mut Inner, rid: u32, pidx: u32) -> PhysHandle {
+    let r = g.regions[rid as usize].as_mut().expect("registered region");
+    let h = r.pages[pidx as usize]
+        .handle
+        .take()
+        .expect("a backed page has a handle");
+    r.hot[pidx as usize].set_backed(false);
+    g.owners.remove(&h.0);
+    h
 }

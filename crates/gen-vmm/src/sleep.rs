@@ -157,13 +157,7 @@ impl PagePool {
                 continue;
             }
             for pidx in run {
-                let r = g.regions[rid as usize].as_mut().expect("registered region");
-                let h = r.pages[pidx as usize]
-                    .handle
-                    .take()
-                    .expect("a backed page has a handle");
-                r.hot[pidx as usize].set_backed(false);
-                g.owners.remove(&h.0);
+                let h = crate::detach(&mut g, rid, pidx);
                 g.stats.unmaps += 1;
                 g.free_handles.push(h);
                 asleep += 1;
