@@ -61,6 +61,9 @@ unsafe impl lock_api::RawMutex for RawSpinLock {
             .is_ok()
     }
 
+    /// # Safety
+    /// `lock_api::RawMutex::unlock`'s contract: the calling context holds the lock (its guard's drop
+    /// is the only caller). A plain release store: no waiter is parked to be woken.
     #[inline]
     unsafe fn unlock(&self) {
         self.locked.store(false, Release);
