@@ -238,15 +238,15 @@ def trim(device: Any = None) -> int:
 
 
 def mark_iteration(device: Any = None) -> None:
-    """Tell genpool's lifetime classifier that a training iteration ended on ``device``."""
+    """Tell genpool that a training iteration ended on ``device`` (see :class:`step`)."""
     _load().genpool_mark_iteration(_device_index(device))
 
 
 class step(contextlib.ContextDecorator):
     """Mark one training iteration: ``with genpool_torch.step(): ...`` or ``@genpool_torch.step()``.
-    The iteration is marked on exit (also when the body raises). The engine uses the marks for the lifetime
-    classifier's position in the iteration (its only source: the classifier detects no period itself) and
-    to keep page moves within its move budget (``move_budget``, ``page_slack_max``)."""
+    The iteration is marked on exit (also when the body raises). The engine uses the marks to keep page
+    moves within its move budget (``move_budget``, ``page_slack_max``) and, with
+    ``experimental.routing:generational``, for the lifetime classifier's position in the iteration."""
 
     def __init__(self, device: Any = None):
         self.device = device
