@@ -25,6 +25,7 @@ pub mod cuda;
 pub mod hash;
 pub mod ipc;
 pub mod sim;
+pub mod testing;
 
 pub use cuda::CudaDevice;
 pub use sim::{CallKind, SimCalls, SimConfig, SimDevice, SimOutstanding};

@@ -2,18 +2,8 @@
 //! `cargo test -p gen-device --test cuda -- --include-ignored`. Each first tries `CudaDevice::new(0)`; when
 //! no device opens it fails, saying why.
 
+use gen_device::testing::cuda_device;
 use gen_device::{open, CudaDevice, Device, DeviceError, DeviceKind, DevicePtr};
-
-/// Device 0; with no CUDA driver or device, or any other error opening it, a failure naming `test` and why.
-fn gpu(test: &str) -> CudaDevice {
-    match CudaDevice::new(0) {
-        Ok(d) => d,
-        Err(DeviceError::NoDriver(why)) => {
-            panic!("{test}: needs a CUDA device, and none opens: no CUDA driver/device ({why})")
-        }
-        Err(e) => panic!("{test}: CudaDevice::new(0) failed: {e}"),
-    }
-}
 
 #[test]
 fn new_without_a_driver_is_no_driver_or_works() {
@@ -43,7 +33,7 @@ fn new_without_a_driver_is_no_driver_or_works() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn props_and_invalid_ordinal() {
-    let d = gpu("props_and_invalid_ordinal");
+    let d = cuda_device();
     let p = d.props();
     eprintln!("{p:?}");
     assert!(p.supports_vmm && p.supports_pools);
@@ -64,7 +54,7 @@ fn props_and_invalid_ordinal() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn vmm_reserve_create_map_write_read_unmap_release() {
-    let d = gpu("vmm");
+    let d = cuda_device();
     let g = d.props().vmm_granularity;
     let va = d.va_reserve(4 * g, 0).unwrap();
     assert_eq!(va % g, 0);
@@ -107,7 +97,7 @@ fn vmm_reserve_create_map_write_read_unmap_release() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn pool_on_two_streams_with_an_event() {
-    let d = gpu("pool");
+    let d = cuda_device();
     let pool = d.pool_create(u64::MAX).unwrap();
     let s1 = d.stream_create().unwrap();
     let s2 = d.stream_create().unwrap();
@@ -149,7 +139,7 @@ fn pool_on_two_streams_with_an_event() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn events_and_stream_waits() {
-    let d = gpu("events");
+    let d = cuda_device();
     let s = d.stream_create().unwrap();
     let e = d.event_create().unwrap();
     assert!(d.event_query(e).unwrap(), "never recorded = complete");
@@ -181,7 +171,7 @@ fn events_and_stream_waits() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn memset_read_and_plain_alloc() {
-    let d = gpu("memset");
+    let d = cuda_device();
     let n: u64 = 3 << 20;
     let p: DevicePtr = d.mem_alloc(n).unwrap();
     assert_eq!(p % 256, 0);
@@ -207,7 +197,7 @@ fn memset_read_and_plain_alloc() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn huge_phys_create_is_out_of_memory() {
-    let d = gpu("oom");
+    let d = cuda_device();
     let g = d.props().vmm_granularity;
     let huge = (d.props().total_mem * 4).div_ceil(g) * g;
     match d.phys_create(huge) {
@@ -232,19 +222,19 @@ fn huge_phys_create_is_out_of_memory() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn drop_releases_what_the_device_made() {
-    let d = gpu("drop");
+    let d = cuda_device();
     let _s = d.stream_create().unwrap();
     let _e = d.event_create().unwrap();
     let _p = d.pool_create(0).unwrap();
     drop(d); // must not panic; errors are logged
-    let d = gpu("drop (reopen)");
+    let d = cuda_device();
     d.synchronize().unwrap();
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn usable_from_other_threads() {
-    let d = gpu("threads");
+    let d = cuda_device();
     let d = std::sync::Arc::new(d);
     let handles: Vec<_> = (0..4)
         .map(|t| {
@@ -269,7 +259,7 @@ fn usable_from_other_threads() {
 #[ignore = "needs a CUDA GPU"]
 fn exported_pages_import_through_a_pidfd_as_the_same_memory() {
     use std::os::fd::AsFd;
-    let d = gpu("exported_pages_import_through_a_pidfd_as_the_same_memory");
+    let d = cuda_device();
     let g = d.props().vmm_granularity;
     let va = d.va_reserve(2 * g, 0).unwrap();
     let h = d.phys_create(g).unwrap();
@@ -296,7 +286,7 @@ fn exported_pages_import_through_a_pidfd_as_the_same_memory() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_device_is_not_its_own_peer_and_peers_must_exist() {
-    let d = gpu("a_device_is_not_its_own_peer_and_peers_must_exist");
+    let d = cuda_device();
     assert!(matches!(
         d.add_peer(0),
         Err(DeviceError::InvalidArgument { .. })

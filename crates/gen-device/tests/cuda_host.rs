@@ -1,7 +1,7 @@
 //! Pinned host memory and copies on a real GPU (issue 22). `#[ignore]`d here; run on the GPU machine with
 //! `--include-ignored`. Without a device it fails, saying why.
 
-use gen_device::cuda::CudaDevice;
+use gen_device::testing::cuda_device;
 use gen_device::{Device, DeviceError, HostHandle};
 
 const PAGE: u64 = 2 << 20;
@@ -9,15 +9,7 @@ const PAGE: u64 = 2 << 20;
 #[test]
 #[ignore = "needs a CUDA device"]
 fn pinned_copies_round_trip_and_misuse_is_refused() {
-    let d = match CudaDevice::new(0) {
-        Ok(d) => d,
-        // No device: a failure.
-        Err(DeviceError::NoDriver(why)) => panic!(
-            "pinned_copies_round_trip_and_misuse_is_refused: needs a CUDA device, and none opens: \
-             no CUDA driver or device ({why})"
-        ),
-        Err(e) => panic!("CUDA present but unusable: {e}"),
-    };
+    let d = cuda_device();
     let g = d.props().vmm_granularity;
     assert_eq!(g, PAGE);
     let va = d.va_reserve(2 * g, 0).unwrap();

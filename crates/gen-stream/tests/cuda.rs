@@ -4,22 +4,12 @@
 
 use std::sync::Arc;
 
-use gen_device::cuda::CudaDevice;
-use gen_device::{Device, DeviceError};
+use gen_device::Device;
 use gen_stream::{DriverPool, DriverPoolConfig};
 
-/// Device 0. With no CUDA driver or device, or any other error opening it, the calling test fails,
-/// naming itself and why.
+/// Device 0 ([`gen_device::testing::cuda_device`]: with none, the calling test fails saying why).
 fn device() -> Arc<dyn Device> {
-    let thread = std::thread::current();
-    let test = thread.name().unwrap_or("this GPU test");
-    match CudaDevice::new(0) {
-        Ok(d) => Arc::new(d),
-        Err(DeviceError::NoDriver(why)) => {
-            panic!("{test}: needs a CUDA device, and none opens: no CUDA driver or device ({why})")
-        }
-        Err(e) => panic!("{test}: CudaDevice::new(0): {e}"),
-    }
+    Arc::new(gen_device::testing::cuda_device())
 }
 
 #[test]

@@ -3,8 +3,7 @@
 
 use std::sync::Arc;
 
-use gen_device::cuda::CudaDevice;
-use gen_device::{Device, DeviceError, EventHandle, StreamId};
+use gen_device::{Device, EventHandle, StreamId};
 use genpool::{Block, Config, GenpoolError, Hint, Lifetime, Pool, Tier};
 
 const MIB: u64 = 1 << 20;
@@ -91,18 +90,9 @@ fn the_gpu_tests_configurations_parse() {
     }
 }
 
-/// Device 0. With no CUDA driver or device, or any other error opening it, the calling test fails,
-/// naming itself and why.
+/// Device 0 ([`gen_device::testing::cuda_device`]: with none, the calling test fails saying why).
 fn device() -> Arc<dyn Device> {
-    let thread = std::thread::current();
-    let test = thread.name().unwrap_or("this GPU test");
-    match CudaDevice::new(0) {
-        Ok(d) => Arc::new(d),
-        Err(DeviceError::NoDriver(why)) => {
-            panic!("{test}: needs a CUDA device, and none opens: no CUDA driver or device ({why})")
-        }
-        Err(e) => panic!("{test}: CUDA present but unusable: {e}"),
-    }
+    Arc::new(gen_device::testing::cuda_device())
 }
 
 fn hint(l: Lifetime) -> Hint {

@@ -5,25 +5,15 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use gen_device::cuda::CudaDevice;
-use gen_device::{Device, DeviceError};
+use gen_device::Device;
 use genpool::{Config, GenpoolError, Hint, Lifetime, Pool, SleepOptions};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
-/// Device 0. With no CUDA driver or device, or any other error opening it, the calling test fails,
-/// naming itself and why.
+/// Device 0 ([`gen_device::testing::cuda_device`]: with none, the calling test fails saying why).
 fn device() -> Arc<dyn Device> {
-    let thread = std::thread::current();
-    let test = thread.name().unwrap_or("this GPU test");
-    match CudaDevice::new(0) {
-        Ok(d) => Arc::new(d),
-        Err(DeviceError::NoDriver(why)) => {
-            panic!("{test}: needs a CUDA device, and none opens: no CUDA driver or device ({why})")
-        }
-        Err(e) => panic!("{test}: CUDA present but unusable: {e}"),
-    }
+    Arc::new(gen_device::testing::cuda_device())
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
