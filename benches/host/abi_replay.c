@@ -14,7 +14,8 @@
 //
 // Prints, per library, each pass's ns per call and the median of passes 2.. (pass 1 is cold).
 // The ops file: a little-endian u64 count, then per op three u64s: size (0 = free), slot, stream index.
-// Streams are numbered from 1; on a GPU they are created (index 1 is the legacy default stream).
+// Streams are numbered from 1; on a GPU they are created (index 1 is the legacy default stream); on the
+// simulator each index is its own handle, which the plug-in's simulated device takes as a stream on first use.
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>

@@ -124,6 +124,7 @@ pub struct SimConfig {
     granularity: u64,
     backed: bool,
     address_offset: u64,
+    adopt_streams: bool,
 }
 
 impl Default for SimConfig {
@@ -135,6 +136,7 @@ impl Default for SimConfig {
             granularity: DEFAULT_GRANULARITY,
             backed: false,
             address_offset: 0,
+            adopt_streams: false,
         }
     }
 }
@@ -173,6 +175,14 @@ impl SimConfig {
     /// (e.g. `ordinal as u64 * ORDINAL_STRIDE`, see [`ORDINAL_STRIDE`]) never hand out the same address.
     pub fn address_offset(mut self, bytes: u64) -> Self {
         self.address_offset = bytes;
+        self
+    }
+    /// Take a stream handle the device has not made as a stream on its first use (default: off, such a
+    /// handle is `InvalidArgument`). For a device behind an allocator's C ABI, whose callers make their
+    /// streams with CUDA (PyTorch, `benches/host/abi_replay.c`) and have no way to make them here.
+    /// [`Device::stream_create`] never hands out a handle already taken.
+    pub fn adopt_streams(mut self, on: bool) -> Self {
+        self.adopt_streams = on;
         self
     }
     /// Build the device; `InvalidArgument` if the granularity is not a power of two ≥ 4 KiB or no larger
@@ -674,6 +684,8 @@ struct State {
     peers: Vec<usize>,
     /// Exported handles by the identity of their descriptor.
     exports: HashMap<(u64, u64), u64>,
+    /// [`SimConfig::adopt_streams`].
+    adopt_streams: bool,
 }
 
 /// Where a device byte lives.
@@ -714,6 +726,7 @@ impl State {
             capture: Capture::default(),
             peers: Vec::new(),
             exports: HashMap::new(),
+            adopt_streams: false,
         }
     }
 
@@ -787,7 +800,10 @@ impl State {
         self.held -= bytes;
     }
 
-    fn stream(&self, call: &'static str, s: StreamId) -> Result<&Stream> {
+    fn stream(&mut self, call: &'static str, s: StreamId) -> Result<&Stream> {
+        if self.adopt_streams {
+            self.streams.entry(s).or_default();
+        }
         match self.streams.get(&s) {
             Some(st) if !st.destroyed => Ok(st),
             _ => Err(inval(call, format!("unknown stream {s:#x}"))),
@@ -1020,7 +1036,10 @@ impl SimDevice {
                 supports_pools: true,
             },
             backed: c.backed,
-            state: Mutex::new(State::new(c.capacity, c.address_offset)),
+            state: Mutex::new(State {
+                adopt_streams: c.adopt_streams,
+                ..State::new(c.capacity, c.address_offset)
+            }),
             captures: Captures::new(),
         }
     }
@@ -1722,6 +1741,10 @@ impl Device for SimDevice {
     fn stream_create(&self) -> Result<StreamId> {
         let mut st = self.state.lock();
         st.enter(CallKind::StreamCreate, None)?;
+        // Past any handle adopted meanwhile (SimConfig::adopt_streams).
+        while st.streams.contains_key(&st.next_stream) {
+            st.next_stream += 1;
+        }
         let id = st.next_stream;
         st.next_stream += 1;
         st.streams.insert(id, Stream::default());

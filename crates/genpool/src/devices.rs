@@ -411,7 +411,9 @@ pub fn open_device(
     }
 }
 
-/// A simulated device of ordinal `i` whose addresses never meet another ordinal's.
+/// A simulated device of ordinal `i` whose addresses never meet another ordinal's. It takes stream
+/// handles it did not make as streams ([`gen_device::sim::SimConfig::adopt_streams`]): the router serves
+/// callers across a C ABI (the PyTorch plug-in) whose streams come from CUDA, never from this device.
 fn sim_device(i: usize, capacity: u64) -> std::result::Result<Arc<dyn Device>, DeviceError> {
     let off = (i as u64)
         .checked_mul(gen_device::sim::ORDINAL_STRIDE)
@@ -424,6 +426,7 @@ fn sim_device(i: usize, capacity: u64) -> std::result::Result<Arc<dyn Device>, D
             .ordinal(i)
             .capacity(capacity)
             .address_offset(off)
+            .adopt_streams(true)
             .build()?,
     ))
 }

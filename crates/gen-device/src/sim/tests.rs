@@ -1070,3 +1070,31 @@ fn an_exported_handle_imports_as_the_same_memory_until_all_are_released() {
     );
     d.va_release(va, 2 * G).unwrap();
 }
+
+// ---- streams made elsewhere ------------------------------------------------------------------------
+
+#[test]
+fn a_stream_handle_not_made_here_is_refused_unless_adopted() {
+    let d = dev();
+    let e = d.event_create().unwrap();
+    assert_inval(d.event_record(e, 0x1234), "cuEventRecord");
+    assert_inval(d.stream_wait_event(0x1234, e), "cuStreamWaitEvent");
+
+    let d = SimConfig::new().adopt_streams(true).build().unwrap();
+    let e = d.event_create().unwrap();
+    // CUDA's legacy-stream handle and an arbitrary one: streams from their first use, ordered as any.
+    d.pause_stream(0x1).unwrap();
+    d.event_record(e, 0x1).unwrap();
+    d.stream_wait_event(0x1234, e).unwrap();
+    assert!(d.waits_for_event(0x1234, e));
+    d.resume_stream(0x1).unwrap();
+    assert!(!d.waits_for_event(0x1234, e));
+    // A stream made here never takes a handle adopted before it.
+    d.event_record(e, 1).unwrap();
+    d.event_record(e, 2).unwrap();
+    let made = d.stream_create().unwrap();
+    assert!(
+        ![0, 1, 2, 0x1234].contains(&made),
+        "stream_create handed out {made:#x}"
+    );
+}
