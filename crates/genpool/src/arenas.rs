@@ -389,10 +389,12 @@ impl TierAlloc for Extents {
 
     /// Free to the arena whose address range holds `ptr`, ordered as [`Home::free`] says.
     fn free(&self, ptr: u64, stream: StreamId) -> Result<(), TierError> {
-        let home = self.home(ptr).ok_or(TierError::InvalidFree {
-            ptr,
-            reason: "not in any extent arena",
-        })?;
+        let Some(home) = self.home(ptr) else {
+            return Err(TierError::InvalidFree {
+                ptr,
+                reason: "not in any extent arena",
+            });
+        };
         home.free(&self.rest.pages, ptr, stream).map(|_| ())
     }
 
