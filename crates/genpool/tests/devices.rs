@@ -354,6 +354,31 @@ fn open_sim_gives_disjoint_devices() {
     }
 }
 
+/// Devices opened by kind serve callers whose streams come from elsewhere (the plug-in's: PyTorch makes
+/// them with CUDA): on the simulator a stream handle it never made is a stream from its first use, and
+/// blocks handed between such streams are ordered as between any two.
+#[test]
+fn open_sim_takes_the_callers_streams() {
+    let pools = Pools::open(gen_device::DeviceKind::Sim, 1, Config::default());
+    let (s1, s2) = (0x1, 0x7f00_1234_5600);
+    // Each stream's blocks freed on it and cut again for the other stream, which must then wait for it.
+    let mut n = 0;
+    for round in 0..4u64 {
+        for (a, b) in [(s1, s2), (s2, s1)] {
+            let x = pools.alloc(0, (24 + round) * MIB, a, Hint::NONE).unwrap();
+            pools.free(x.ptr, a).unwrap();
+            let y = pools.alloc(0, (24 + round) * MIB, b, Hint::NONE).unwrap();
+            pools.free(y.ptr, b).unwrap();
+            n += 2;
+        }
+    }
+    let st = pools.pool(0).unwrap().stats();
+    assert_eq!(
+        (st.allocated_current, st.num_allocs, st.num_frees),
+        (0, n, n)
+    );
+}
+
 #[test]
 fn secondary_engines_keep_their_blocks_and_free_by_address() {
     let pools = Pools::sim(2, CAP, Config::default());
