@@ -697,7 +697,7 @@ enum Target {
 }
 
 impl State {
-    fn new(capacity: u64, offset: u64) -> Self {
+    fn new(capacity: u64, offset: u64, adopt_streams: bool) -> Self {
         let mut streams = BTreeMap::new();
         streams.insert(0, Stream::default());
         State {
@@ -726,7 +726,7 @@ impl State {
             capture: Capture::default(),
             peers: Vec::new(),
             exports: HashMap::new(),
-            adopt_streams: false,
+            adopt_streams,
         }
     }
 
@@ -1036,10 +1036,7 @@ impl SimDevice {
                 supports_pools: true,
             },
             backed: c.backed,
-            state: Mutex::new(State {
-                adopt_streams: c.adopt_streams,
-                ..State::new(c.capacity, c.address_offset)
-            }),
+            state: Mutex::new(State::new(c.capacity, c.address_offset, c.adopt_streams)),
             captures: Captures::new(),
         }
     }
