@@ -148,7 +148,10 @@ impl Bin {
 /// it in a mutex).
 #[derive(Debug)]
 pub struct ExtentCore {
+    /// The range's end (exclusive).
     len: u64,
+    /// The range's start: nothing below it is this core's ([`new_range`](Self::new_range)).
+    start: u64,
     /// Free extents as `(size, offset)`, by size bin, unordered inside a bin.
     bins: Vec<Bin>,
     /// Non-empty bins.
@@ -169,10 +172,19 @@ pub struct ExtentCore {
 impl ExtentCore {
     /// A core over `[0, len)` with `len` rounded down to a multiple of 512 B; wholly free.
     pub fn new(len: u64) -> Self {
+        Self::new_range(0, len)
+    }
+
+    /// A core over `[start, end)` — offsets keep their meaning in the whole range, so two cores can
+    /// split one region between them (the extent arena's young and old generations) — with `start`
+    /// rounded up and `end` down to multiples of 512 B; wholly free (empty when `start` ≥ `end`).
+    pub fn new_range(start: u64, end: u64) -> Self {
         // The last 512 B of the address space stay out, so that an end tag (offset | 1) cannot wrap.
-        let len = len.min(u64::MAX - MIN_BLOCK) & !(MIN_BLOCK - 1);
+        let len = end.min(u64::MAX - MIN_BLOCK) & !(MIN_BLOCK - 1);
+        let start = start.min(len).next_multiple_of(MIN_BLOCK).min(len);
         let mut core = ExtentCore {
             len,
+            start,
             bins: vec![Bin::Flat(Vec::new()); NBINS],
             nonempty: [0; NBINS / 64],
             tags: Tags::new(),
@@ -180,11 +192,11 @@ impl ExtentCore {
             live_count: 0,
             live_bytes: 0,
             stamps: None,
-            high: 0,
+            high: start,
             first_fit: std::env::var_os("GENPOOL_FIRST_FIT").is_some(),
         };
-        if len > 0 {
-            core.insert_free(0, len);
+        if len > start {
+            core.insert_free(start, len - start);
         }
         core
     }
@@ -236,7 +248,7 @@ impl ExtentCore {
         }
     }
 
-    /// Length of the managed range in bytes.
+    /// The end of the managed range in bytes (its length for a core made by [`new`](Self::new)).
     pub fn len(&self) -> u64 {
         self.len
     }
@@ -398,7 +410,7 @@ impl ExtentCore {
     pub fn alloc_at_stamped(&mut self, offset: u64, size: u64) -> Option<(u64, Stamp)> {
         let size = round_size(size)?;
         let end = offset.checked_add(size)?;
-        if offset % MIN_BLOCK != 0 || end > self.len {
+        if offset % MIN_BLOCK != 0 || offset < self.start || end > self.len {
             return None;
         }
         let (ext_off, ext_size) = self.free_extent_holding(offset, end)?;
@@ -421,7 +433,7 @@ impl ExtentCore {
 
     /// Size of the live block starting at `offset`, if any.
     pub fn block_size(&self, offset: u64) -> Option<u64> {
-        if offset % MIN_BLOCK != 0 || offset >= self.len {
+        if offset % MIN_BLOCK != 0 || offset < self.start || offset >= self.len {
             return None;
         }
         self.tags
@@ -607,6 +619,9 @@ impl ExtentCore {
         }
         let mut all = frees;
         all.extend(lives);
+        if self.start > 0 {
+            all.push((0, self.start));
+        }
         gen_vmm::check_tiling(all, self.len)?;
         Ok(())
     }

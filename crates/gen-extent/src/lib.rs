@@ -16,6 +16,7 @@
 //! layout and not ordered trees). [`ExtentArena::owns`] is a plain address-range check with no lock.
 
 mod core;
+mod survivors;
 mod tags;
 
 use std::sync::Arc;
@@ -24,6 +25,7 @@ use gen_sync::SpinMutex as Mutex;
 use gen_vmm::{PagePool, Region, Stamp};
 
 pub use crate::core::{round_size, ExtentCore, MIN_BLOCK};
+use crate::survivors::Survivors;
 
 /// Errors of the extent tier: the page-mapped tiers' one error type.
 pub use gen_vmm::TierError;
@@ -48,6 +50,9 @@ pub struct ExtentConfig {
     /// How many of the best-fitting free extents page-aware placement compares (either end of each);
     /// 0 or 1 = plain best fit.
     pub placement_candidates: usize,
+    /// The old generation: a block whose size's last block outlived this many of the arena's
+    /// allocations goes to a range of its own, the upper half of the VA (0 = one range for all).
+    pub old_after: u64,
 }
 
 impl Default for ExtentConfig {
@@ -56,6 +61,7 @@ impl Default for ExtentConfig {
             va_bytes: 0,
             name: "gen-extent",
             placement_candidates: 1,
+            old_after: 0,
         }
     }
 }
@@ -86,13 +92,40 @@ pub struct ExtentStats {
 }
 
 struct Inner {
+    /// The young generation's range (the whole VA when there is no old generation).
     core: ExtentCore,
+    /// The old generation, when [`ExtentConfig::old_after`] asks for one.
+    old: Option<Box<OldGen>>,
     /// Highest count of the region's pages in use after an allocation (the region counts them: this
     /// arena alone commits into it).
     peak_committed_pages: u64,
     peak_live: u64,
     allocs: u64,
     frees: u64,
+}
+
+/// The old generation: its range (`[at, len)` of the region; the young one is `[0, at)`) and what the
+/// arena learns of lifetimes to send blocks there.
+struct OldGen {
+    core: ExtentCore,
+    at: u64,
+    survivors: Survivors,
+}
+
+impl Inner {
+    /// The core whose range holds `off`.
+    #[inline]
+    fn core_of(&mut self, off: u64) -> &mut ExtentCore {
+        match &mut self.old {
+            Some(o) if off >= o.at => &mut o.core,
+            _ => &mut self.core,
+        }
+    }
+
+    /// Both cores, the young one first (ranges in address order).
+    fn cores(&self) -> impl Iterator<Item = &ExtentCore> {
+        std::iter::once(&self.core).chain(self.old.as_deref().map(|o| &o.core))
+    }
 }
 
 /// The large-block tier. See the crate docs.
@@ -147,6 +180,17 @@ impl ExtentArena {
             })?;
         let region = Region::new(pool, va_bytes, cfg.name)?;
         let (base, len) = (region.base(), region.len());
+        // The old generation takes the upper half, from a page boundary; a range too small to split
+        // (a page or less) keeps one generation.
+        let at = (len / 2) / page.max(1) * page.max(1);
+        let old = (cfg.old_after > 0 && at > 0).then(|| {
+            Box::new(OldGen {
+                core: ExtentCore::new_range(at, len),
+                at,
+                survivors: Survivors::new(cfg.old_after),
+            })
+        });
+        let young_end = if old.is_some() { at } else { len };
         Ok(ExtentArena {
             region,
             base,
@@ -154,7 +198,8 @@ impl ExtentArena {
             page,
             placement_candidates: cfg.placement_candidates,
             inner: Mutex::new(Inner {
-                core: ExtentCore::new(len),
+                core: ExtentCore::new(young_end),
+                old,
                 peak_committed_pages: 0,
                 peak_live: 0,
                 allocs: 0,
@@ -242,7 +287,7 @@ impl ExtentArena {
         let mut g = self.inner.lock();
         let (off, stamp) = self.take(&mut g, rounded, candidates, usable)?;
         if let Err(e) = order(stamp) {
-            g.core.free_stamped(off, stamp);
+            g.core_of(off).free_stamped(off, stamp);
             return Err(e);
         }
         self.commit_taken(&mut g, off, rounded, grow, stamp, Some(stream))?;
@@ -252,7 +297,11 @@ impl ExtentArena {
     /// Keep a [`Stamp`] on the free extents from now on: for an arena several streams allocate from,
     /// ordered lazily ([`free_stamped`](Self::free_stamped), [`alloc_ordered`](Self::alloc_ordered)).
     pub fn keep_stamps(&self) {
-        self.inner.lock().core.keep_stamps();
+        let mut g = self.inner.lock();
+        g.core.keep_stamps();
+        if let Some(o) = &mut g.old {
+            o.core.keep_stamps();
+        }
     }
 
     /// Take `rounded` bytes from the core, placed among `candidates` best fits ([`place`](Self::place)).
@@ -264,12 +313,23 @@ impl ExtentArena {
         candidates: usize,
         usable: Option<&dyn Fn(Stamp) -> bool>,
     ) -> Result<(u64, Stamp), TierError> {
-        self.place(&mut g.core, rounded, candidates, usable)
-            .ok_or_else(|| TierError::Exhausted {
-                what: "extent address space",
-                requested: rounded,
-                available: g.core.largest_free(),
-            })
+        let Inner { core, old, .. } = g;
+        let placed = match old {
+            None => self.place(core, rounded, candidates, usable),
+            // A size whose last block survived goes to the old range; either range, full, leaves the
+            // block to the other.
+            Some(o) if o.survivors.predicts_old(rounded) => self
+                .place(&mut o.core, rounded, candidates, usable)
+                .or_else(|| self.place(core, rounded, candidates, usable)),
+            Some(o) => self
+                .place(core, rounded, candidates, usable)
+                .or_else(|| self.place(&mut o.core, rounded, candidates, usable)),
+        };
+        placed.ok_or_else(|| TierError::Exhausted {
+            what: "extent address space",
+            requested: rounded,
+            available: g.cores().map(ExtentCore::largest_free).max().unwrap_or(0),
+        })
     }
 
     /// Commit the pages of `[off, off + rounded)`, just taken from the core with `stamp`, for work on
@@ -291,12 +351,15 @@ impl ExtentArena {
         let pages = match committed {
             Ok(pages) => pages,
             Err(e) => {
-                g.core.free_stamped(off, stamp);
+                g.core_of(off).free_stamped(off, stamp);
                 return Err(e.into());
             }
         };
+        if let Some(o) = &mut g.old {
+            o.survivors.allocated(off);
+        }
         g.peak_committed_pages = g.peak_committed_pages.max(pages);
-        g.peak_live = g.peak_live.max(g.core.live_bytes());
+        g.peak_live = g.peak_live.max(g.cores().map(ExtentCore::live_bytes).sum());
         g.allocs += 1;
         Ok(())
     }
@@ -319,7 +382,7 @@ impl ExtentArena {
         }
         let off = ptr - self.base;
         let mut g = self.inner.lock();
-        let Some((_, stamp)) = g.core.alloc_at_stamped(off, rounded) else {
+        let Some((_, stamp)) = g.core_of(off).alloc_at_stamped(off, rounded) else {
             return Err(unplaceable(
                 "the range is not free (a live block overlaps it)",
             ));
@@ -362,18 +425,29 @@ impl ExtentArena {
         }
         let off = ptr - self.base;
         let mut g = self.inner.lock();
-        let Some(size) = g.core.free_stamped(off, stamp) else {
+        let Some(size) = g.core_of(off).free_stamped(off, stamp) else {
             return Err(TierError::InvalidFree {
                 ptr,
                 reason: "not the start of a live extent",
             });
         };
+        if let Some(o) = &mut g.old {
+            o.survivors.freed(off, size);
+        }
         match stream {
             Some(s) => self.region.decommit_for(off, size, s),
             None => self.region.decommit(off, size),
         }
         g.frees += 1;
         Ok(size)
+    }
+
+    /// Forget what the old generation learnt of sizes' lifetimes (see [`ExtentConfig::old_after`]): a new
+    /// run begins (a replay's next pass), whose blocks have none of the last run's history.
+    pub fn forget_lifetimes(&self) {
+        if let Some(o) = &mut self.inner.lock().old {
+            o.survivors.forget();
+        }
     }
 
     /// Say that every block of this arena is used on `stream` (see [`gen_vmm::Region::set_stream`]): with
@@ -395,20 +469,21 @@ impl ExtentArena {
         if !self.owns(ptr) {
             return None;
         }
-        self.inner.lock().core.block_size(ptr - self.base)
+        let off = ptr - self.base;
+        self.inner.lock().core_of(off).block_size(off)
     }
 
     /// A snapshot of the counters.
     pub fn stats(&self) -> ExtentStats {
         let g = self.inner.lock();
         ExtentStats {
-            live_bytes: g.core.live_bytes(),
-            live_blocks: g.core.live_blocks() as u64,
+            live_bytes: g.cores().map(ExtentCore::live_bytes).sum(),
+            live_blocks: g.cores().map(|c| c.live_blocks() as u64).sum(),
             committed_bytes: self.region.committed_bytes(),
             peak_committed_bytes: g.peak_committed_pages * self.page,
             peak_live_bytes: g.peak_live,
-            free_extents: g.core.free_extents() as u64,
-            largest_free_extent: g.core.largest_free(),
+            free_extents: g.cores().map(|c| c.free_extents() as u64).sum(),
+            largest_free_extent: g.cores().map(ExtentCore::largest_free).max().unwrap_or(0),
             reserved_va_bytes: self.len,
             allocs: g.allocs,
             frees: g.frees,
@@ -428,10 +503,12 @@ impl ExtentArena {
     /// Expensive; for tests and debugging.
     pub fn check(&self) -> Result<(), String> {
         let g = self.inner.lock();
-        g.core.check()?;
+        for c in g.cores() {
+            c.check()?;
+        }
         let mut touched = 0u64;
         let mut last_page = None;
-        for (off, len) in g.core.live_ranges() {
+        for (off, len) in g.cores().flat_map(ExtentCore::live_ranges) {
             let (first, last) = (off / self.page, (off + len - 1) / self.page);
             // Live ranges are sorted and disjoint: only a range's first page can repeat the last one's.
             let first = if last_page == Some(first) {
@@ -458,7 +535,7 @@ impl Drop for ExtentArena {
         // Blocks still live when the arena goes away: drop their page references so the region unmaps
         // cleanly (the engine is shutting down; nothing may use them any more).
         let g = self.inner.get_mut();
-        for (off, len) in g.core.live_ranges() {
+        for (off, len) in g.cores().flat_map(ExtentCore::live_ranges) {
             self.region.decommit(off, len);
         }
     }

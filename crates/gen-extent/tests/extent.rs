@@ -283,15 +283,102 @@ fn best_fit(live: &[(u64, u64)], base: u64, len: u64, size: u64) -> Option<u64> 
         .map(|(_, at)| at)
 }
 
+/// An arena of `va_bytes` whose old generation takes blocks of sizes whose last block outlived
+/// `old_after` allocations (0: none).
+fn arena_with_old(pool: &Arc<PagePool>, va_bytes: u64, old_after: u64) -> ExtentArena {
+    ExtentArena::new(
+        pool,
+        ExtentConfig {
+            va_bytes,
+            name: "test-extent",
+            old_after,
+            ..ExtentConfig::default()
+        },
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_size_whose_last_block_survived_goes_to_the_old_range_and_back_when_one_dies_young() {
+    let (_dev, pool) = setup(None);
+    let len = 16 * MIB;
+    let a = arena_with_old(&pool, len, 4);
+    let half = len / 2;
+    let big = 256 * KIB;
+    let w = a.alloc(big, true).unwrap();
+    let base = w;
+    // Four short-lived blocks between: `big`'s block lives 4 allocations.
+    for _ in 0..4 {
+        let p = a.alloc(8 * KIB, true).unwrap();
+        assert!(p < base + half, "a size with no history is young");
+        a.free(p).unwrap();
+    }
+    a.free(w).unwrap();
+    let old = a.alloc(big, true).unwrap();
+    assert_eq!(old, base + half, "the old range's best fit");
+    let young = a.alloc(8 * KIB, true).unwrap();
+    assert!(young < base + half, "8 KiB blocks died young: young range");
+    a.free(old).unwrap();
+    assert!(
+        a.alloc(big, true).unwrap() < base + half,
+        "big's last block lived 1 allocation"
+    );
+    a.check().unwrap();
+    let s = a.stats();
+    assert_eq!((s.live_blocks, s.live_bytes), (2, big + 8 * KIB));
+}
+
+#[test]
+fn a_full_range_leaves_the_block_to_the_other_and_forgetting_sends_sizes_young() {
+    let (_dev, pool) = setup(None);
+    let len = 4 * MIB;
+    let a = arena_with_old(&pool, len, 1);
+    let half = len / 2;
+    let base = a.alloc(512, true).unwrap();
+    let filler = a.alloc(half - 512, true).unwrap();
+    assert_eq!(filler, base + 512, "the young range is now full");
+    // `512` survived one allocation: old. A young size finds the young range full and goes old too.
+    a.free(base).unwrap();
+    let p = a.alloc(512, true).unwrap();
+    assert!(p >= base + half, "512 B survived: the old range ({p:#x})");
+    let q = a.alloc(1024, true).unwrap();
+    assert!(
+        q >= base + half,
+        "no room below: the old range takes a young block ({q:#x})"
+    );
+    // The old range full too: one block that fits nowhere is a typed error.
+    assert!(matches!(
+        a.alloc(half, true),
+        Err(TierError::Exhausted { .. })
+    ));
+    a.free(filler).unwrap();
+    a.free(p).unwrap();
+    a.forget_lifetimes();
+    let r = a.alloc(512, true).unwrap();
+    assert_eq!(r, base, "forgotten: 512 B is young again");
+    for p in [q, r] {
+        a.free(p).unwrap();
+    }
+    let s = a.stats();
+    assert_eq!(
+        (s.live_blocks, s.committed_bytes, s.free_extents),
+        (0, 0, 2)
+    );
+    assert_eq!(s.largest_free_extent, half);
+    a.check().unwrap();
+}
+
 proptest! {
     // 64 cases by default (~1 s); PROPTEST_CASES overrides for a longer soak.
     #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
     #[test]
-    fn random_actions_match_the_model(actions in prop::collection::vec(action(), 1..120)) {
+    fn random_actions_match_the_model(actions in prop::collection::vec(action(), 1..120), old_after in prop_oneof![Just(0u64), 1..4u64]) {
         let (dev, pool) = setup(None);
         let len = 16 * MIB;
-        let a = arena(&pool, len);
+        let a = arena_with_old(&pool, len, old_after);
+        // With an old generation the arena is two ranges, each laid out best fit.
+        let at = if old_after > 0 { len / 2 / PAGE * PAGE } else { len };
         let mut live: Vec<(u64, u64)> = Vec::new();
         let (mut allocs, mut frees, mut peak, mut peak_live) = (0u64, 0u64, 0u64, 0u64);
         let mut base = None;
@@ -299,14 +386,20 @@ proptest! {
             match act {
                 Action::Alloc(size) => {
                     let rounded = size.div_ceil(512) * 512;
-                    let expect = base.and_then(|b| best_fit(&live, b, len, rounded));
+                    let in_range = |b: u64, lo: u64, hi: u64| {
+                        let l: Vec<(u64, u64)> = live.iter().copied().filter(|&(p, _)| p >= b + lo && p < b + hi).collect();
+                        best_fit(&l, b + lo, hi - lo, rounded)
+                    };
+                    let young = base.and_then(|b| in_range(b, 0, at));
+                    let old = base.and_then(|b| (at < len).then(|| in_range(b, at, len)).flatten());
+                    let expect = young.or(old);
                     match a.alloc(size, true) {
                         Ok(p) => {
                             let b = *base.get_or_insert(p);
                             prop_assert_eq!(p % 512, 0);
                             prop_assert!(p >= b && p + rounded <= b + len);
-                            if let Some(e) = expect {
-                                prop_assert_eq!(p, e, "not the best fit");
+                            if base.is_some() && expect.is_some() {
+                                prop_assert!(Some(p) == young || Some(p) == old, "not the best fit of either range: {:#x}", p);
                             }
                             prop_assert!(live.iter().all(|&(q, s)| p + rounded <= q || q + s <= p), "overlap at {:#x}", p);
                             live.push((p, rounded));
@@ -344,7 +437,8 @@ proptest! {
             prop_assert_eq!(a.free(p), Ok(s));
         }
         let s = a.stats();
-        prop_assert_eq!((s.committed_bytes, s.free_extents, s.largest_free_extent), (0, 1, len));
+        let ranges = if at < len { 2 } else { 1 };
+        prop_assert_eq!((s.committed_bytes, s.free_extents, s.largest_free_extent), (0, ranges, at));
         prop_assert_eq!(pool.stats().pages_in_use, 0);
         drop(a);
         prop_assert_eq!(dev.outstanding().va_reservations, 0);

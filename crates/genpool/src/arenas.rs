@@ -97,6 +97,8 @@ pub(crate) struct ExtentsConfig {
     pub main_va: u64,
     pub stream_va: u64,
     pub placement_candidates: usize,
+    /// Each arena's old generation (`ExtentConfig::old_after`; 0 = none).
+    pub old_after: u64,
 }
 
 /// The extent arenas of streams after the first. With `own`, a slot's arena is made at its stream's
@@ -116,6 +118,7 @@ struct StreamArenas {
     pages: Arc<PagePool>,
     va_bytes: u64,
     placement_candidates: usize,
+    old_after: u64,
 }
 
 impl StreamArenas {
@@ -136,6 +139,7 @@ impl StreamArenas {
         let cfg = |name| ExtentConfig {
             va_bytes: self.va_bytes,
             placement_candidates: self.placement_candidates,
+            old_after: self.old_after,
             name,
         };
         if let Some(i) = self.ids[..self.own]
@@ -201,6 +205,7 @@ impl Extents {
                     ExtentConfig {
                         va_bytes: cfg.main_va,
                         placement_candidates: cfg.placement_candidates,
+                        old_after: cfg.old_after,
                         name,
                     },
                 )
@@ -220,6 +225,7 @@ impl Extents {
             pages: pages.clone(),
             va_bytes: cfg.stream_va,
             placement_candidates: cfg.placement_candidates,
+            old_after: cfg.old_after,
         });
         Ok(Extents {
             main,
@@ -250,6 +256,14 @@ impl Extents {
             Lifetime::Long => 2,
         };
         &self.main[i.min(self.main.len() - 1)]
+    }
+
+    /// A new run begins: every arena forgets what it learnt of lifetimes
+    /// ([`ExtentArena::forget_lifetimes`]).
+    pub fn forget_lifetimes(&self) {
+        for a in self.all() {
+            a.forget_lifetimes();
+        }
     }
 
     /// Every extent arena: the first stream's (or the generations'), then the stream arenas made so far.

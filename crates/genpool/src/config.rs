@@ -137,6 +137,7 @@ pub const KEYS: &[Key] = &[
     key("page_slack", "fraction of the in-use page peak", "0", "Headroom within which a new page is created rather than one moved from another address."),
     key("page_slack_max", "fraction", "0.08", "With iteration marks (`step()`): the most the headroom may grow to keep page moves within `move_budget`; 0 = never grow."),
     key("move_budget", "fraction of an iteration's wall time", "0.005", "With iteration marks: page moves beyond this share of an iteration grow the headroom."),
+    key("old_generation", "large allocations, 0 = off", "4096", "Extent arenas: a block whose size's last block outlived this many of its arena's allocations goes to the arena's old range, away from the churn of shorter-lived blocks."),
     key("use_site", "true/false", "true", "Let the classifier (`experimental.routing:generational`) use call-site tags when the caller provides them."),
     key("plan", "true/false", "true", "Periodic plans: detect a repeating iteration, pack it once, serve it in place where the tiers' layout moves pages."),
     key("plan_background", "true/false", "true", "Pack a recorded period on a helper thread; false: on the allocating thread, results depend only on the allocation sequence (reproducible replays)."),
@@ -228,6 +229,11 @@ pub struct Config {
     /// one needing the fewest newly mapped pages (0 or 1 = plain best fit, the default: on the shared
     /// traces comparing 8 or 32 moved as many pages and cost up to 0.02 in ratio — docs/BENCHMARKS.md).
     pub placement_candidates: usize,
+    /// The extent arenas' old generation (`gen_extent::ExtentConfig::old_after`): a block whose size's
+    /// last block outlived this many of its arena's allocations is placed in the arena's old range, so
+    /// that blocks living across many others never sit among short-lived ones and pin partial pages
+    /// when those die (docs/ARCHITECTURE.md, "The old generation"). 0 = one range.
+    pub old_generation: u64,
     /// Give each predicted generation (short / mid / long) its own extent arena — its own range of
     /// address space over the shared page pool — instead of one arena for all.
     pub extent_generations: bool,
@@ -282,6 +288,7 @@ impl Default for Config {
             page_keep_old_mappings: true,
             move_budget: 0.005,
             placement_candidates: 1,
+            old_generation: 4096,
             extent_generations: false,
             stream_arenas: StreamArenas::Shared,
             thread_caches: 3,
@@ -440,6 +447,11 @@ impl Config {
                     .parse()
                     .map_err(|_| bad("expected an integer".into()))?
             }
+            "old_generation" => {
+                self.old_generation = value
+                    .parse()
+                    .map_err(|_| bad("expected an integer".into()))?
+            }
             "placement_candidates" => {
                 let v: usize = value
                     .parse()
@@ -580,7 +592,7 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{}: {e}", k.name));
             assert_eq!(c, Config::default(), "{} default {}", k.name, k.default);
         }
-        assert_eq!(KEYS.len(), 24);
+        assert_eq!(KEYS.len(), 25);
         assert!(matches!(
             Config::parse("experimental.limit:1G"),
             Err(ConfigError::UnknownKey { .. })
