@@ -52,8 +52,29 @@ fn bin_of(units: u64) -> usize {
 /// multiples of 512, so the kind lives in the low bits and no key is 0.
 const START: u64 = 2;
 const END: u64 = 1;
-/// A start tag's value: size << 1, low bit set for a free extent.
+/// A free extent's start tag value: size << 1 with this bit set.
 const FREE: u64 = 1;
+/// A live block's start tag value: `HAS_BIRTH | units << 2 | birth << BIRTH_SHIFT` — its size in 512-B
+/// units (< 2^38, i.e. under 128 TiB) and the low [`BIRTH_BITS`] bits of the core's allocation clock
+/// when it was made — or, for a larger block, `units << 2` alone. The birth rides in a line every
+/// allocation and free touches anyway, so the block's age costs no lookup of its own.
+const HAS_BIRTH: u64 = 2;
+const BIRTH_SHIFT: u32 = 40;
+/// Bits of a block's birth: ages are exact up to 2^24 − 1 allocations and wrap beyond.
+pub const BIRTH_BITS: u32 = 24;
+const BIRTH_MASK: u64 = (1 << BIRTH_BITS) - 1;
+const UNITS_MASK: u64 = (1 << (BIRTH_SHIFT - 2)) - 1;
+
+/// The size of the live block whose start tag value is `v`.
+#[inline]
+fn live_size(v: u64) -> u64 {
+    let units = if v & HAS_BIRTH != 0 {
+        (v >> 2) & UNITS_MASK
+    } else {
+        v >> 2
+    };
+    units * MIN_BLOCK
+}
 
 /// A bin holding more free extents than this becomes ordered (a `BTreeSet`), and flat again below
 /// [`FLAT_AT`]: a flat bin is one or two cache lines to scan in the common case (a few extents per bin),
@@ -167,6 +188,8 @@ pub struct ExtentCore {
     high: u64,
     /// Lowest-address first fit instead of best fit (a linear scan: for experiments).
     pub first_fit: bool,
+    /// Allocations so far (the clock a live block's birth is read on).
+    clock: u64,
 }
 
 impl ExtentCore {
@@ -194,6 +217,7 @@ impl ExtentCore {
             stamps: None,
             high: start,
             first_fit: std::env::var_os("GENPOOL_FIRST_FIT").is_some(),
+            clock: 0,
         };
         if len > start {
             core.insert_free(start, len - start);
@@ -209,6 +233,35 @@ impl ExtentCore {
         if self.stamps.is_none() {
             self.stamps = Some(Tags::new());
         }
+    }
+
+    /// Allocations so far: the clock live blocks' births and ages are read on.
+    pub fn clock(&self) -> u64 {
+        self.clock
+    }
+
+    /// Set the clock (cores that split one arena run on the arena's one clock).
+    pub fn set_clock(&mut self, clock: u64) {
+        self.clock = clock;
+    }
+
+    /// A live block's start tag value for `size` (a multiple of 512), born now; advances the clock.
+    #[inline]
+    fn live_tag(&mut self, size: u64) -> u64 {
+        self.clock += 1;
+        let units = size / MIN_BLOCK;
+        if units <= UNITS_MASK {
+            HAS_BIRTH | units << 2 | (self.clock & BIRTH_MASK) << BIRTH_SHIFT
+        } else {
+            units << 2
+        }
+    }
+
+    /// The age of the live block whose start tag value is `v`, in this core's allocations since it was
+    /// made (modulo 2^[`BIRTH_BITS`]); `None` for a block too large to carry its birth.
+    #[inline]
+    fn age_of(&self, v: u64) -> Option<u64> {
+        (v & HAS_BIRTH != 0).then(|| self.clock.wrapping_sub(v >> BIRTH_SHIFT) & BIRTH_MASK)
     }
 
     #[inline]
@@ -341,7 +394,8 @@ impl ExtentCore {
         self.free_count -= 1;
         let stamp = self.take_stamp(off);
         // The start tag turns live in place; the remainder gets a start tag and takes over the end tag.
-        self.tags.insert(off | START, size << 1);
+        let tag = self.live_tag(size);
+        self.tags.insert(off | START, tag);
         if ext_size > size {
             let rest = off + size;
             self.tags
@@ -424,7 +478,8 @@ impl ExtentCore {
             self.insert_free(end, ext_off + ext_size - end);
             self.put_stamp(end, stamp);
         }
-        self.tags.insert(offset | START, size << 1);
+        let tag = self.live_tag(size);
+        self.tags.insert(offset | START, tag);
         self.live_count += 1;
         self.live_bytes += size;
         self.high = self.high.max(end);
@@ -433,13 +488,16 @@ impl ExtentCore {
 
     /// Size of the live block starting at `offset`, if any.
     pub fn block_size(&self, offset: u64) -> Option<u64> {
+        self.live_tag_at(offset).map(live_size)
+    }
+
+    /// The start tag value of the live block at `offset`.
+    #[inline]
+    fn live_tag_at(&self, offset: u64) -> Option<u64> {
         if offset % MIN_BLOCK != 0 || offset < self.start || offset >= self.len {
             return None;
         }
-        self.tags
-            .get(offset | START)
-            .filter(|v| v & FREE == 0)
-            .map(|v| v >> 1)
+        self.tags.get(offset | START).filter(|v| v & FREE == 0)
     }
 
     /// Free the live block starting at `offset` and coalesce it with free neighbours; returns its size,
@@ -451,7 +509,15 @@ impl ExtentCore {
     /// [`free`](Self::free), leaving `stamp` on the freed bytes: the extent they join carries it merged
     /// with its neighbours' (see [`keep_stamps`](Self::keep_stamps)).
     pub fn free_stamped(&mut self, offset: u64, stamp: Stamp) -> Option<u64> {
-        let size = self.block_size(offset)?;
+        self.free_aged(offset, stamp).map(|(size, _)| size)
+    }
+
+    /// [`free_stamped`](Self::free_stamped), returning with the size the block's age: how many
+    /// allocations this core made since the block's own, modulo 2^[`BIRTH_BITS`] (`None` for a block of
+    /// 128 TiB or more, which carries no birth).
+    pub fn free_aged(&mut self, offset: u64, stamp: Stamp) -> Option<(u64, Option<u64>)> {
+        let tag = self.live_tag_at(offset)?;
+        let (size, age) = (live_size(tag), self.age_of(tag));
         let mut stamp = stamp;
         self.live_count -= 1;
         self.live_bytes -= size;
@@ -477,7 +543,7 @@ impl ExtentCore {
         self.bin(start, end - start);
         self.free_count += 1;
         self.put_stamp(start, stamp);
-        Some(size)
+        Some((size, age))
     }
 
     /// Put the free extent `(off, size)` in its bin.
@@ -539,7 +605,7 @@ impl ExtentCore {
             .tags
             .iter()
             .filter(|&(k, v)| k & (MIN_BLOCK - 1) == START && v & FREE == 0)
-            .map(|(k, v)| (k & !(MIN_BLOCK - 1), v >> 1))
+            .map(|(k, v)| (k & !(MIN_BLOCK - 1), live_size(v)))
             .collect();
         v.sort_unstable();
         v
@@ -792,6 +858,41 @@ mod tests {
         assert_eq!(c.free(a), Some(4 * U));
         assert_eq!(c.free(a), None, "double free");
         c.check().unwrap();
+    }
+
+    #[test]
+    fn a_blocks_age_is_the_allocations_since_its_own_and_wraps_at_birth_bits() {
+        let mut c = ExtentCore::new(1 << 30);
+        let a = c.alloc(512).unwrap();
+        let b = c.alloc(1000).unwrap();
+        c.alloc(512).unwrap();
+        assert_eq!(c.free_aged(a, Stamp::NONE), Some((512, Some(2))));
+        assert_eq!(c.free_aged(b, Stamp::NONE), Some((1024, Some(1))));
+        assert_eq!(c.free_aged(b, Stamp::NONE), None, "already free");
+        // A birth just below the wrap, aged across it.
+        c.set_clock((1 << BIRTH_BITS) - 2);
+        let w = c.alloc(4096).unwrap();
+        for _ in 0..3 {
+            c.alloc(512).unwrap();
+        }
+        assert_eq!(c.clock(), (1 << BIRTH_BITS) + 2);
+        assert_eq!(c.block_size(w), Some(4096));
+        assert_eq!(c.free_aged(w, Stamp::NONE), Some((4096, Some(3))));
+        c.check().unwrap();
+    }
+
+    #[test]
+    fn a_block_too_large_for_a_birth_keeps_its_size_and_has_no_age() {
+        let mut c = ExtentCore::new(1 << 50);
+        let huge = (UNITS_MASK + 1) * MIN_BLOCK;
+        let h = c.alloc(huge).unwrap();
+        let s = c.alloc(512).unwrap();
+        assert_eq!(c.block_size(h), Some(huge));
+        assert_eq!(c.live_ranges(), vec![(h, huge), (s, 512)]);
+        c.check().unwrap();
+        assert_eq!(c.free_aged(h, Stamp::NONE), Some((huge, None)));
+        assert_eq!(c.free_aged(s, Stamp::NONE), Some((512, Some(0))));
+        assert_eq!(c.free_ranges(), vec![(0, 1 << 50)]);
     }
 
     #[test]

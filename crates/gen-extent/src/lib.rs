@@ -94,8 +94,14 @@ pub struct ExtentStats {
 struct Inner {
     /// The young generation's range (the whole VA when there is no old generation).
     core: ExtentCore,
-    /// The old generation, when [`ExtentConfig::old_after`] asks for one.
+    /// The old generation, when [`ExtentConfig::old_after`] asks for one (out of line: a young
+    /// block's allocation reads one word of it, the survived-size slot).
     old: Option<Box<OldGen>>,
+    /// Bytes in live blocks, both ranges.
+    live: u64,
+    /// With an old generation: the arena's allocations so far, the one clock both cores' blocks are
+    /// born and aged on (each core is set to it before it allocates or frees).
+    clock: u64,
     /// Highest count of the region's pages in use after an allocation (the region counts them: this
     /// arena alone commits into it).
     peak_committed_pages: u64,
@@ -125,6 +131,17 @@ impl Inner {
     /// Both cores, the young one first (ranges in address order).
     fn cores(&self) -> impl Iterator<Item = &ExtentCore> {
         std::iter::once(&self.core).chain(self.old.as_deref().map(|o| &o.core))
+    }
+
+    /// The core whose range holds `off`, set to the arena's clock.
+    #[inline]
+    fn clocked_core_of(&mut self, off: u64) -> &mut ExtentCore {
+        let (clock, split) = (self.clock, self.old.is_some());
+        let core = self.core_of(off);
+        if split {
+            core.set_clock(clock);
+        }
+        core
     }
 }
 
@@ -200,6 +217,8 @@ impl ExtentArena {
             inner: Mutex::new(Inner {
                 core: ExtentCore::new(young_end),
                 old,
+                live: 0,
+                clock: 0,
                 peak_committed_pages: 0,
                 peak_live: 0,
                 allocs: 0,
@@ -313,17 +332,34 @@ impl ExtentArena {
         candidates: usize,
         usable: Option<&dyn Fn(Stamp) -> bool>,
     ) -> Result<(u64, Stamp), TierError> {
-        let Inner { core, old, .. } = g;
+        let Inner {
+            core, old, clock, ..
+        } = g;
         let placed = match old {
             None => self.place(core, rounded, candidates, usable),
-            // A size whose last block survived goes to the old range; either range, full, leaves the
-            // block to the other.
-            Some(o) if o.survivors.predicts_old(rounded) => self
-                .place(&mut o.core, rounded, candidates, usable)
-                .or_else(|| self.place(core, rounded, candidates, usable)),
-            Some(o) => self
-                .place(core, rounded, candidates, usable)
-                .or_else(|| self.place(&mut o.core, rounded, candidates, usable)),
+            Some(o) => {
+                // A size whose last block survived goes to the old range; either range, full, leaves
+                // the block to the other. Only the core that places is set to the arena's clock and
+                // advances it.
+                let (first, second) = if o.survivors.predicts_old(rounded) {
+                    (&mut o.core, core)
+                } else {
+                    (core, &mut o.core)
+                };
+                first.set_clock(*clock);
+                match self.place(first, rounded, candidates, usable) {
+                    Some(p) => {
+                        *clock = first.clock();
+                        Some(p)
+                    }
+                    None => {
+                        second.set_clock(*clock);
+                        let p = self.place(second, rounded, candidates, usable);
+                        *clock = second.clock();
+                        p
+                    }
+                }
+            }
         };
         placed.ok_or_else(|| TierError::Exhausted {
             what: "extent address space",
@@ -355,11 +391,9 @@ impl ExtentArena {
                 return Err(e.into());
             }
         };
-        if let Some(o) = &mut g.old {
-            o.survivors.allocated(off);
-        }
         g.peak_committed_pages = g.peak_committed_pages.max(pages);
-        g.peak_live = g.peak_live.max(g.cores().map(ExtentCore::live_bytes).sum());
+        g.live += rounded;
+        g.peak_live = g.peak_live.max(g.live);
         g.allocs += 1;
         Ok(())
     }
@@ -382,7 +416,11 @@ impl ExtentArena {
         }
         let off = ptr - self.base;
         let mut g = self.inner.lock();
-        let Some((_, stamp)) = g.core_of(off).alloc_at_stamped(off, rounded) else {
+        let core = g.clocked_core_of(off);
+        let placed = core.alloc_at_stamped(off, rounded);
+        let clock = core.clock();
+        g.clock = clock;
+        let Some((_, stamp)) = placed else {
             return Err(unplaceable(
                 "the range is not free (a live block overlaps it)",
             ));
@@ -425,14 +463,15 @@ impl ExtentArena {
         }
         let off = ptr - self.base;
         let mut g = self.inner.lock();
-        let Some(size) = g.core_of(off).free_stamped(off, stamp) else {
+        let Some((size, age)) = g.clocked_core_of(off).free_aged(off, stamp) else {
             return Err(TierError::InvalidFree {
                 ptr,
                 reason: "not the start of a live extent",
             });
         };
+        g.live -= size;
         if let Some(o) = &mut g.old {
-            o.survivors.freed(off, size);
+            o.survivors.freed(size, age, off >= o.at);
         }
         match stream {
             Some(s) => self.region.decommit_for(off, size, s),

@@ -1,40 +1,33 @@
-//! What the arena remembers of lifetimes: for each block size, whether the last block of that size
-//! outlived [`Survivors::after`] of the arena's allocations — the prediction that sends a block to the
-//! old generation's range.
+//! What the arena remembers of lifetimes: the sizes whose last freed block outlived
+//! [`Survivors::after`] of the arena's allocations — the prediction that sends a block to the old
+//! generation's range.
 //!
 //! Why by size, and why the last block: a block that lives across many allocations (a buffer kept for a
 //! whole generation round, a cache kept across steps) placed among the young generation's churn pins a
 //! partial page at each of its edges once its neighbours die, for as long as it lives; in a range of its
 //! own it sits beside other survivors. Sizes recur (the same tensor shape each round), and a size whose
 //! blocks change behaviour flips with its next free. No call site is needed — PyTorch's allocator
-//! interface gives none — and the cost is a multiply and one load per allocation, a hash insert and
-//! remove per block (measured in docs/ARCHITECTURE.md, "The old generation").
+//! interface gives none. A block's age comes from the birth its start tag carries
+//! ([`ExtentCore::free_aged`](crate::ExtentCore::free_aged)); the table here is [`SLOTS`] words,
+//! written only by a survivor or by an old-range block of its size dying young, so the churn of sizes
+//! that never survive can neither evict the few that do nor cost a read at its frees.
 
-use crate::tags::Tags;
+/// Slots of the survived-size table (direct-mapped; a survivor colliding with another only replaces it,
+/// which forgets). 512 bytes: eight lines, of which an allocation reads one.
+pub(crate) const SLOTS: usize = 64;
 
-/// Slots of the size → survived table (direct-mapped: a collision overwrites, which only forgets).
-const SLOTS: usize = 1024;
-
-/// Key kind of a live block's birth in [`Survivors::born`] (offsets are multiples of 512: never 0).
-const BORN: u64 = 2;
-
-/// Lifetimes by size, learnt from frees. Not thread-safe by itself (the arena's lock covers it).
+/// Sizes that survived, learnt from frees. Not thread-safe by itself (the arena's lock covers it).
 #[derive(Debug)]
 pub(crate) struct Survivors {
     /// A block freed this many allocations or more after its own allocation survived.
     after: u64,
-    /// Allocations so far (this arena's).
-    clock: u64,
-    /// Each live block's allocation clock, by offset.
-    born: Tags,
-    /// By slot of a size: `size | 1` when the last freed block of that size survived, `size` when it
-    /// did not, 0 when no block of a size hashing here was freed yet.
-    memory: Box<[u64]>,
+    /// By slot: a size (a multiple of 512) whose last freed block survived, or 0.
+    sizes: [u64; SLOTS],
 }
 
 #[inline]
 fn slot(size: u64) -> usize {
-    ((size / crate::MIN_BLOCK).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 54) as usize & (SLOTS - 1)
+    ((size / crate::MIN_BLOCK).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58) as usize & (SLOTS - 1)
 }
 
 impl Survivors {
@@ -42,44 +35,36 @@ impl Survivors {
     pub(crate) fn new(after: u64) -> Self {
         Survivors {
             after: after.max(1),
-            clock: 0,
-            born: Tags::new(),
-            memory: vec![0; SLOTS].into_boxed_slice(),
+            sizes: [0; SLOTS],
         }
     }
 
     /// Whether the last freed block of `size` (rounded, a multiple of 512) survived.
     #[inline]
     pub(crate) fn predicts_old(&self, size: u64) -> bool {
-        self.memory[slot(size)] == size | 1
+        self.sizes[slot(size)] == size
     }
 
-    /// A block was allocated at `offset`.
+    /// A block of `size` was freed `age` allocations after its own (`None`: its age is unknown, which
+    /// teaches nothing); `was_old`: it was placed in the old range. Only a survivor, or a block of the
+    /// old range that died young, touches the table: a young block dying young — most frees — reads
+    /// nothing here (its size cannot be in the table unless the old range was full when it came).
     #[inline]
-    pub(crate) fn allocated(&mut self, offset: u64) {
-        self.clock += 1;
-        self.born.insert(offset | BORN, self.clock);
-    }
-
-    /// The block of `size` at `offset` was freed: remember whether it survived. A block allocated before
-    /// the arena remembered (none here) teaches nothing.
-    #[inline]
-    pub(crate) fn freed(&mut self, offset: u64, size: u64) {
-        if let Some(b) = self.born.remove(offset | BORN) {
-            let survived = self.clock - b >= self.after;
-            self.memory[slot(size)] = size | u64::from(survived);
+    pub(crate) fn freed(&mut self, size: u64, age: Option<u64>, was_old: bool) {
+        let Some(age) = age else { return };
+        if age >= self.after {
+            self.sizes[slot(size)] = size;
+        } else if was_old {
+            let s = &mut self.sizes[slot(size)];
+            if *s == size {
+                *s = 0;
+            }
         }
     }
 
-    /// Forget every size's lesson (live blocks' births stay: their frees still teach).
+    /// Forget every size.
     pub(crate) fn forget(&mut self) {
-        self.memory.fill(0);
-    }
-
-    /// Live blocks with a recorded birth (tests).
-    #[cfg(test)]
-    pub(crate) fn tracked(&self) -> usize {
-        self.born.len()
+        self.sizes = [0; SLOTS];
     }
 }
 
@@ -90,61 +75,41 @@ mod tests {
     #[test]
     fn a_size_is_old_after_its_last_block_survived_and_young_again_after_one_did_not() {
         let mut s = Survivors::new(3);
-        let (a, big) = (0, 64 * 512);
+        let big = 64 * 512;
         assert!(!s.predicts_old(big), "nothing learnt yet");
-        s.allocated(a);
-        for i in 1..=3 {
-            s.allocated(i * big);
-            s.freed(i * big, 512);
-        }
-        assert!(
-            !s.predicts_old(512),
-            "512-B blocks lived one allocation each"
-        );
-        s.freed(a, big);
-        assert!(
-            s.predicts_old(big),
-            "the block of `big` lived 3 allocations"
-        );
-        s.allocated(a);
-        s.allocated(big);
-        s.freed(a, big);
+        s.freed(512, Some(1), false);
+        assert!(!s.predicts_old(512));
+        s.freed(big, Some(3), false);
+        assert!(s.predicts_old(big), "lived 3 allocations");
+        s.freed(big, Some(2), true);
         assert!(
             !s.predicts_old(big),
-            "the last block of `big` lived 1 allocation"
+            "the last block of `big`, in the old range, lived 2"
         );
-        s.freed(big, 512);
-        assert_eq!(s.tracked(), 0);
+        s.freed(big, Some(7), false);
+        s.freed(big, None, true);
+        assert!(s.predicts_old(big), "an unknown age teaches nothing");
+        s.forget();
+        assert!(!s.predicts_old(big));
     }
 
     #[test]
-    fn a_free_of_an_unrecorded_block_teaches_nothing() {
-        let mut s = Survivors::new(1);
-        s.freed(4096, 4096);
-        assert!(!s.predicts_old(4096));
-        assert_eq!(s.memory.iter().filter(|&&m| m != 0).count(), 0);
-    }
-
-    #[test]
-    fn sizes_that_share_a_slot_only_forget_each_other() {
-        let mut s = Survivors::new(1);
+    fn sizes_that_die_young_never_evict_a_survivor() {
+        let mut s = Survivors::new(2);
         let a = 512;
         let b = (1..1 << 20)
             .map(|i| a + i * 512)
             .find(|&b| slot(b) == slot(a))
             .expect("two sizes share a slot");
-        s.allocated(0);
-        s.allocated(512);
-        s.freed(0, a);
-        assert!(s.predicts_old(a));
-        assert!(!s.predicts_old(b), "b's slot holds a: no prediction for b");
-        s.allocated(0);
-        s.allocated(1024);
-        s.freed(0, b);
+        s.freed(a, Some(5), false);
+        s.freed(b, Some(1), true);
+        assert!(s.predicts_old(a), "b died young: a's slot untouched");
+        assert!(!s.predicts_old(b));
+        s.freed(b, Some(2), false);
         assert!(s.predicts_old(b));
         assert!(
             !s.predicts_old(a),
-            "a was overwritten: forgotten, not mispredicted"
+            "b survived in a's slot: a forgotten, not mispredicted"
         );
     }
 }
