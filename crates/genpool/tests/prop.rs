@@ -820,6 +820,39 @@ fn prop_own_arenas() {
     );
 }
 
+/// The extent arenas' old generation firing all the time (`old_generation:2`: a size whose last block
+/// outlived two of its arena's allocations goes to the old range), under pauses, exhaustion and faults:
+/// blocks move between the two ranges of each arena and fall back from a full one to the other.
+#[test]
+fn prop_old_generation() {
+    run(
+        "prop_old_generation",
+        Setup {
+            conf: "old_generation:2",
+            capacity: 384 * MIB,
+            backed: false,
+            huge: true,
+            faults: true,
+        },
+    );
+}
+
+/// The same with host-backed memory: a block of either range never overlaps another's bytes (every
+/// block filled with its own pattern, checked on free).
+#[test]
+fn prop_old_generation_backed() {
+    run(
+        "prop_old_generation_backed",
+        Setup {
+            conf: "old_generation:2",
+            capacity: 256 * MIB,
+            backed: true,
+            huge: false,
+            faults: false,
+        },
+    );
+}
+
 /// Host-backed memory: every block filled with its own pattern, checked on free.
 #[test]
 fn prop_backed_patterns() {
