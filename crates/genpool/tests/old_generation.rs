@@ -28,14 +28,17 @@ fn ratio(trace: &str, conf: &str, passes: u32) -> f64 {
     r.ratio.expect("a ratio")
 }
 
+/// The ratio of `trace` over `passes` with the old generation (the default) and with one range.
+fn with_and_without(trace: &str, passes: u32) -> (f64, f64) {
+    (
+        ratio(trace, "plan_background:false", passes),
+        ratio(trace, "plan_background:false,old_generation:0", passes),
+    )
+}
+
 #[test]
 fn survivors_in_a_range_of_their_own_lower_generate_kvs_peak() {
-    let on = ratio("gpt2_generate_kv", "plan_background:false", 2);
-    let off = ratio(
-        "gpt2_generate_kv",
-        "plan_background:false,old_generation:0",
-        2,
-    );
+    let (on, off) = with_and_without("gpt2_generate_kv", 2);
     assert!(
         on < off - 0.03,
         "old generation {on:.4}, one range {off:.4}"
@@ -46,12 +49,7 @@ fn survivors_in_a_range_of_their_own_lower_generate_kvs_peak() {
 fn a_new_pass_does_not_learn_from_the_blocks_the_last_one_never_freed() {
     // Without forgetting at the pass mark, the weights the replay frees after pass 1 teach their sizes
     // "survives", and pass 2's gradients of those shapes land among the weights: 1.005 → 1.010.
-    let on = ratio("resnet_copy_overlap", "plan_background:false", 3);
-    let off = ratio(
-        "resnet_copy_overlap",
-        "plan_background:false,old_generation:0",
-        3,
-    );
+    let (on, off) = with_and_without("resnet_copy_overlap", 3);
     assert!(
         (on - off).abs() < 1e-9,
         "old generation {on:.6}, one range {off:.6}"
