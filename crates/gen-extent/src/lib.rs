@@ -24,7 +24,7 @@ use std::sync::Arc;
 use gen_sync::SpinMutex as Mutex;
 use gen_vmm::{PagePool, Region, Stamp};
 
-pub use crate::core::{round_size, ExtentCore, MIN_BLOCK};
+pub use crate::core::{round_size, ExtentCore, BIRTH_BITS, MIN_BLOCK};
 use crate::survivors::Survivors;
 
 /// Errors of the extent tier: the page-mapped tiers' one error type.
