@@ -137,7 +137,7 @@ pub const KEYS: &[Key] = &[
     key("page_slack", "fraction of the in-use page peak", "0", "Headroom within which a new page is created rather than one moved from another address."),
     key("page_slack_max", "fraction", "0.08", "With iteration marks (`step()`): the most the headroom may grow to keep page moves within `move_budget`; 0 = never grow."),
     key("move_budget", "fraction of an iteration's wall time", "0.005", "With iteration marks: page moves beyond this share of an iteration grow the headroom."),
-    key("old_generation", "large allocations, 0 = off", "4096", "Extent arenas: a block whose size's last block outlived this many of its arena's allocations goes to the arena's old range, away from the churn of shorter-lived blocks."),
+    key("old_generation", "large allocations, 0 = off, below 8388608", "4096", "Extent arenas: a block whose size's last block outlived this many of its arena's allocations goes to the arena's old range, away from the churn of shorter-lived blocks."),
     key("use_site", "true/false", "true", "Let the classifier (`experimental.routing:generational`) use call-site tags when the caller provides them."),
     key("plan", "true/false", "true", "Periodic plans: detect a repeating iteration, pack it once, serve it in place where the tiers' layout moves pages."),
     key("plan_background", "true/false", "true", "Pack a recorded period on a helper thread; false: on the allocating thread, results depend only on the allocation sequence (reproducible replays)."),
@@ -448,9 +448,17 @@ impl Config {
                     .map_err(|_| bad("expected an integer".into()))?
             }
             "old_generation" => {
-                self.old_generation = value
+                let v: u64 = value
                     .parse()
-                    .map_err(|_| bad("expected an integer".into()))?
+                    .map_err(|_| bad("expected an integer".into()))?;
+                // Ages are counted modulo 2^BIRTH_BITS: a longer horizon could never be reached.
+                if v >= 1 << (gen_extent::BIRTH_BITS - 1) {
+                    return Err(bad(format!(
+                        "must be below {}",
+                        1u64 << (gen_extent::BIRTH_BITS - 1)
+                    )));
+                }
+                self.old_generation = v;
             }
             "placement_candidates" => {
                 let v: usize = value
@@ -571,6 +579,7 @@ mod tests {
             "limit:-1",
             "experimental.short_horizon:ten",
             "limit:99999999999999999999",
+            "old_generation:8388608",
         ] {
             assert!(
                 matches!(Config::parse(s), Err(ConfigError::BadValue { .. })),
