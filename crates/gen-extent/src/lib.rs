@@ -51,7 +51,8 @@ pub struct ExtentConfig {
     /// 0 or 1 = plain best fit.
     pub placement_candidates: usize,
     /// The old generation: a block whose size's last block outlived this many of the arena's
-    /// allocations goes to a range of its own, the upper half of the VA (0 = one range for all).
+    /// allocations goes to a range of its own, the upper half of the VA (0 = one range for all). Ages
+    /// count modulo 2^[`BIRTH_BITS`]: a value from there on never fires.
     pub old_after: u64,
 }
 
