@@ -546,6 +546,13 @@ impl ExtentArena {
         for c in g.cores() {
             c.check()?;
         }
+        let live: u64 = g.cores().map(ExtentCore::live_bytes).sum();
+        if live != g.live {
+            return Err(format!(
+                "the arena counts {} live bytes, its cores {live}",
+                g.live
+            ));
+        }
         let mut touched = 0u64;
         let mut last_page = None;
         for (off, len) in g.cores().flat_map(ExtentCore::live_ranges) {
