@@ -90,6 +90,12 @@ pub struct ExtentStats {
     pub allocs: u64,
     /// Successful frees so far.
     pub frees: u64,
+    /// Of `allocs`, those placed in the old generation's range ([`ExtentConfig::old_after`]).
+    pub old_allocs: u64,
+    /// Bytes in live blocks of the old range now.
+    pub old_live_bytes: u64,
+    /// Highest `old_live_bytes` so far.
+    pub old_peak_live_bytes: u64,
 }
 
 struct Inner {
@@ -109,6 +115,8 @@ struct Inner {
     peak_live: u64,
     allocs: u64,
     frees: u64,
+    old_allocs: u64,
+    old_peak_live: u64,
 }
 
 /// The old generation: its range (`[at, len)` of the region; the young one is `[0, at)`) and what the
@@ -224,6 +232,8 @@ impl ExtentArena {
                 peak_live: 0,
                 allocs: 0,
                 frees: 0,
+                old_allocs: 0,
+                old_peak_live: 0,
             }),
         })
     }
@@ -396,6 +406,11 @@ impl ExtentArena {
         g.live += rounded;
         g.peak_live = g.peak_live.max(g.live);
         g.allocs += 1;
+        if let Some(o) = g.old.as_deref().filter(|o| off >= o.at) {
+            let live = o.core.live_bytes();
+            g.old_allocs += 1;
+            g.old_peak_live = g.old_peak_live.max(live);
+        }
         Ok(())
     }
 
@@ -527,6 +542,9 @@ impl ExtentArena {
             reserved_va_bytes: self.len,
             allocs: g.allocs,
             frees: g.frees,
+            old_allocs: g.old_allocs,
+            old_live_bytes: g.old.as_deref().map_or(0, |o| o.core.live_bytes()),
+            old_peak_live_bytes: g.old_peak_live,
         }
     }
 

@@ -89,6 +89,11 @@ pub trait ReplayAllocator {
     fn call_counts(&self) -> Vec<(&'static str, u64)> {
         Vec::new()
     }
+    /// The allocator's own cumulative counters after the last pass (`(name, value)`, e.g. genpool's
+    /// `old_generation_allocs`), for reports. Empty by default.
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
 }
 
 impl<A: ReplayAllocator + ?Sized> ReplayAllocator for Box<A> {
@@ -124,6 +129,9 @@ impl<A: ReplayAllocator + ?Sized> ReplayAllocator for Box<A> {
     }
     fn call_counts(&self) -> Vec<(&'static str, u64)> {
         (**self).call_counts()
+    }
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        (**self).counters()
     }
 }
 
@@ -179,6 +187,10 @@ pub struct ReplayReport {
     /// loop should make no `device_syncs` (`waits`: host waits of any kind).
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub warm_calls: std::collections::BTreeMap<&'static str, u64>,
+    /// The allocator's own counters after the last pass ([`ReplayAllocator::counters`]; empty when it
+    /// reports none), summed over all passes.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub counters: std::collections::BTreeMap<&'static str, u64>,
 }
 
 /// One compiled op: an alloc into `slot`, or a free of the block in `slot` (with its alloc's size and
@@ -343,6 +355,7 @@ pub fn replay_plan(
         tiers: alloc.tiers(),
         classifier: alloc.classifier(),
         warm_calls,
+        counters: alloc.counters().into_iter().collect(),
     })
 }
 

@@ -416,6 +416,15 @@ fn write_table(out: &mut dyn Write, t: &Trace, reports: &[ReplayReport]) -> std:
                 )?;
             }
         }
+        if let Some(&n) = r.counters.get("old_generation_allocs") {
+            writeln!(
+                out,
+                "    old generation: {} allocations a pass{} to the extent arenas' old ranges, their live peak {}",
+                per_pass(n, r.passes),
+                if r.passes > 1 { "*" } else { "" },
+                bytes(r.counters.get("old_generation_peak_live").copied().unwrap_or(0))
+            )?;
+        }
         if let Some(c) = &r.classifier {
             writeln!(
                 out,

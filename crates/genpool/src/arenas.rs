@@ -16,6 +16,7 @@ use gen_vmm::{Handoff, PagePool, TierError, VmmError};
 
 pub(crate) use crate::config::StreamArenas as Layout;
 
+use crate::stats::OldGeneration;
 use crate::tier::{Request, TierAlloc};
 
 /// No stream (a free slot, or no stream seen yet).
@@ -380,6 +381,17 @@ impl Extents {
                 reason: "not in any extent arena of this pool",
             }),
         }
+    }
+
+    /// The old generations of every arena, summed (peaks: the sum of each arena's own).
+    pub fn old_generation(&self) -> OldGeneration {
+        self.all()
+            .map(|a| a.stats())
+            .fold(OldGeneration::default(), |o, s| OldGeneration {
+                allocs: o.allocs + s.old_allocs,
+                live_bytes: o.live_bytes + s.old_live_bytes,
+                peak_live_bytes: o.peak_live_bytes + s.old_peak_live_bytes,
+            })
     }
 
     /// The largest free extent of any arena.

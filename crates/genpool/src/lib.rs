@@ -42,4 +42,4 @@ pub use gen_classifier::Lifetime;
 pub use gen_device::{Device, DeviceError, StreamId};
 pub use pool::{Block, Hint, LiveBlock, Pool, Tier, ALIGN};
 pub use sleep::{SleepError, SleepOptions, SleepReport, WakeReport};
-pub use stats::{PlanSummary, PoolStats, TierStats};
+pub use stats::{OldGeneration, PlanSummary, PoolStats, TierStats};

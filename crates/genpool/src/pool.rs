@@ -1323,6 +1323,7 @@ impl Pool {
             classifier_accuracy_bytes: confusion.accuracy_bytes(),
             confusion_counts: confusion.counts,
             confusion_bytes: confusion.bytes,
+            old_generation: self.extents.old_generation(),
             plan: self.plan.as_ref().map_or_else(PlanSummary::default, |ps| {
                 let g = ps.stats();
                 let s = g.planner;

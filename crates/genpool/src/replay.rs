@@ -167,6 +167,14 @@ impl ReplayAllocator for EngineReplay {
         self.pool.device().call_counts().pairs().to_vec()
     }
 
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        let o = self.pool.stats().old_generation;
+        vec![
+            ("old_generation_allocs", o.allocs),
+            ("old_generation_peak_live", o.peak_live_bytes),
+        ]
+    }
+
     fn classifier(&self) -> Option<ClassifierReport> {
         // Only routing by predicted lifetime makes predictions.
         if self.pool.config().routing != crate::Routing::Generational {

@@ -61,6 +61,8 @@ pub struct PoolStats {
     pub confusion_bytes: [[u64; 3]; 3],
     /// The periodic planner (see `Config::plan`).
     pub plan: PlanSummary,
+    /// The extent arenas' old generations (see `Config::old_generation`).
+    pub old_generation: OldGeneration,
     /// Whether the pool is asleep ([`Pool::sleep`](crate::Pool::sleep)): `reserved_current` then
     /// counts only what stays held, `allocated_current` is unchanged.
     pub asleep: bool,
@@ -68,6 +70,17 @@ pub struct PoolStats {
     pub sleeping_bytes: u64,
     /// Of those, bytes whose contents wait in pinned host memory for the wake.
     pub offloaded_bytes: u64,
+}
+
+/// What the extent arenas' old generations hold (`old_generation`; all zero when it is 0).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct OldGeneration {
+    /// Allocations placed in an old range.
+    pub allocs: u64,
+    /// Bytes in live blocks of the old ranges now.
+    pub live_bytes: u64,
+    /// The old ranges' highest live bytes (each arena's own peak, summed).
+    pub peak_live_bytes: u64,
 }
 
 /// What the periodic planner did (all zero when planning is off).
