@@ -49,11 +49,13 @@ struct Input {
     actions: Vec<Action>,
 }
 
-const CONFIGS: [&str; 4] = [
+const CONFIGS: [&str; 5] = [
     "",
     "experimental.mid_tier:stream,experimental.long_tier:buddy,slab_max_size:64K",
     "experimental.stream_arenas:false,experimental.long_tier:buddy",
     "experimental.routing:single,eager_unmap:true",
+    // The extent arenas' old generation firing all the time: blocks in both ranges of every arena.
+    "old_generation:2",
 ];
 
 fn check(dev: &SimDevice, ptr: u64, size: u64, pattern: u8) {
