@@ -316,6 +316,11 @@ fn a_size_whose_last_block_survived_goes_to_the_old_range_and_back_when_one_dies
     a.free(w).unwrap();
     let old = a.alloc(big, true).unwrap();
     assert_eq!(old, base + half, "the old range's best fit");
+    let s = a.stats();
+    assert_eq!(
+        (s.old_allocs, s.old_live_bytes, s.old_peak_live_bytes),
+        (1, big, big)
+    );
     let young = a.alloc(8 * KIB, true).unwrap();
     assert!(young < base + half, "8 KiB blocks died young: young range");
     a.free(old).unwrap();
@@ -326,6 +331,10 @@ fn a_size_whose_last_block_survived_goes_to_the_old_range_and_back_when_one_dies
     a.check().unwrap();
     let s = a.stats();
     assert_eq!((s.live_blocks, s.live_bytes), (2, big + 8 * KIB));
+    assert_eq!(
+        (s.old_allocs, s.old_live_bytes, s.old_peak_live_bytes),
+        (1, 0, big)
+    );
 }
 
 #[test]
