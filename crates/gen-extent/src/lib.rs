@@ -104,10 +104,11 @@ struct Inner {
     /// The old generation, when [`ExtentConfig::old_after`] asks for one (out of line: a young
     /// block's allocation reads one word of it, the survived-size slot).
     old: Option<Box<OldGen>>,
-    /// Bytes in live blocks, both ranges.
+    /// Bytes in live blocks, both ranges (the cores' sum, kept here so that an allocation reads nothing
+    /// of the old core).
     live: u64,
-    /// With an old generation: the arena's allocations so far, the one clock both cores' blocks are
-    /// born and aged on (each core is set to it before it allocates or frees).
+    /// The arena's allocations so far: the one clock both cores' blocks are born and aged on (see
+    /// [`on_clock`]).
     clock: u64,
     /// Highest count of the region's pages in use after an allocation (the region counts them: this
     /// arena alone commits into it).
@@ -142,16 +143,29 @@ impl Inner {
         std::iter::once(&self.core).chain(self.old.as_deref().map(|o| &o.core))
     }
 
-    /// The core whose range holds `off`, set to the arena's clock.
+    /// `f` on the core whose range holds `off`, on the arena's clock ([`on_clock`]).
     #[inline]
-    fn clocked_core_of(&mut self, off: u64) -> &mut ExtentCore {
-        let (clock, split) = (self.clock, self.old.is_some());
-        let core = self.core_of(off);
-        if split {
-            core.set_clock(clock);
-        }
-        core
+    fn at_core<R>(&mut self, off: u64, f: impl FnOnce(&mut ExtentCore) -> R) -> R {
+        let Inner {
+            core, old, clock, ..
+        } = self;
+        let core = match old {
+            Some(o) if off >= o.at => &mut o.core,
+            _ => core,
+        };
+        on_clock(clock, core, f)
     }
+}
+
+/// `f` on `core` set to the arena's `clock`, which then takes the core's (advanced by each allocation):
+/// the two cores of an arena with an old generation share one clock, so that a block's age counts the
+/// arena's allocations whichever range made them.
+#[inline]
+fn on_clock<R>(clock: &mut u64, core: &mut ExtentCore, f: impl FnOnce(&mut ExtentCore) -> R) -> R {
+    core.set_clock(*clock);
+    let r = f(core);
+    *clock = core.clock();
+    r
 }
 
 /// The large-block tier. See the crate docs.
@@ -346,30 +360,19 @@ impl ExtentArena {
         let Inner {
             core, old, clock, ..
         } = g;
+        let mut place =
+            |c: &mut ExtentCore| on_clock(clock, c, |c| self.place(c, rounded, candidates, usable));
         let placed = match old {
-            None => self.place(core, rounded, candidates, usable),
+            None => place(core),
             Some(o) => {
                 // A size whose last block survived goes to the old range; either range, full, leaves
-                // the block to the other. Only the core that places is set to the arena's clock and
-                // advances it.
+                // the block to the other.
                 let (first, second) = if o.survivors.predicts_old(rounded) {
                     (&mut o.core, core)
                 } else {
                     (core, &mut o.core)
                 };
-                first.set_clock(*clock);
-                match self.place(first, rounded, candidates, usable) {
-                    Some(p) => {
-                        *clock = first.clock();
-                        Some(p)
-                    }
-                    None => {
-                        second.set_clock(*clock);
-                        let p = self.place(second, rounded, candidates, usable);
-                        *clock = second.clock();
-                        p
-                    }
-                }
+                place(first).or_else(|| place(second))
             }
         };
         placed.ok_or_else(|| TierError::Exhausted {
@@ -432,11 +435,7 @@ impl ExtentArena {
         }
         let off = ptr - self.base;
         let mut g = self.inner.lock();
-        let core = g.clocked_core_of(off);
-        let placed = core.alloc_at_stamped(off, rounded);
-        let clock = core.clock();
-        g.clock = clock;
-        let Some((_, stamp)) = placed else {
+        let Some((_, stamp)) = g.at_core(off, |c| c.alloc_at_stamped(off, rounded)) else {
             return Err(unplaceable(
                 "the range is not free (a live block overlaps it)",
             ));
@@ -479,7 +478,7 @@ impl ExtentArena {
         }
         let off = ptr - self.base;
         let mut g = self.inner.lock();
-        let Some((size, age)) = g.clocked_core_of(off).free_aged(off, stamp) else {
+        let Some((size, age)) = g.at_core(off, |c| c.free_aged(off, stamp)) else {
             return Err(TierError::InvalidFree {
                 ptr,
                 reason: "not the start of a live extent",

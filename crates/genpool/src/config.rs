@@ -452,11 +452,9 @@ impl Config {
                     .parse()
                     .map_err(|_| bad("expected an integer".into()))?;
                 // Ages are counted modulo 2^BIRTH_BITS: a longer horizon could never be reached.
-                if v >= 1 << (gen_extent::BIRTH_BITS - 1) {
-                    return Err(bad(format!(
-                        "must be below {}",
-                        1u64 << (gen_extent::BIRTH_BITS - 1)
-                    )));
+                let below = 1u64 << (gen_extent::BIRTH_BITS - 1);
+                if v >= below {
+                    return Err(bad(format!("must be below {below}")));
                 }
                 self.old_generation = v;
             }
