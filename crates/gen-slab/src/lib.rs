@@ -1,19 +1,29 @@
 //! Short-lived tier: size classes over device chunks with lock-free free lists.
 //!
-//! A [`Slab`] serves blocks of 1 B ..= [`SlabConfig::max_size`] (4 KiB by default: each class pins whole 2 MiB chunks, and above a few KiB the extent arena packs
-//! tighter — genpool's measured default) from size classes (see
+//! A [`Slab`] serves blocks of 1 B ..= [`SlabConfig::max_size`] (4 KiB by default: above a few KiB the
+//! extent arena packs tighter — genpool's measured default) from size classes (see
 //! [`SizeClasses`] for the spacing and the waste bound: `class - size < max(512, size / 2^B)`, i.e. under
-//! 25 % with the default 4 classes per doubling). Every class owns a disjoint, power-of-two sized slice
-//! ("span") of one [`gen_vmm::Region`]; slot `i` of class `c` always lives at
-//! `base + c * span + i * class_size`, so a free finds its class and slot with a shift and a
-//! multiplication (no lookup table, no search), and two classes never share a physical page.
+//! 25 % with the default 4 classes per doubling).
 //!
-//! # Chunks
-//! Slots are grouped in chunks of `max(1, chunk_bytes / class_size)` consecutive slots (about one 2 MiB
-//! page). A chunk is committed ([`gen_vmm::Region::commit`]) the first time its class runs dry, and only
-//! then; its slots are packed back to back, so a chunk may straddle a page boundary and share that page
-//! (by refcount) with its neighbour: a class holding `n` live bytes pins at most `n` plus about one page.
-//! [`Slab::reclaim`] decommits chunks all of whose slots are free, so a burst does not pin memory.
+//! # Chunks, shared pages
+//! The slab's one [`gen_vmm::Region`] is cut into *chunks* of a power-of-two size `C` (64 KiB with the
+//! default classes: see [`SlabConfig::chunk_bytes`]), which any class may take: a class that runs dry
+//! takes the lowest free chunk, commits ([`gen_vmm::Region::commit`]) the bytes its slots cover (as many
+//! whole slots as fit, back to back) and keeps it until [`Slab::reclaim`] finds every slot of it free
+//! and decommits it (the chunk goes back to every class), so a burst does not pin memory.
+//! With `C` below the page size the classes' chunks share physical pages (the page layer counts each
+//! chunk's reference): a class holding `n` live bytes pins at most `n` plus one chunk, and the slab as a
+//! whole about one page beyond its live bytes — until session 24 every class had a span of its own and
+//! pinned at least one page (2 MiB) of its own, 3–8 MiB over the ten traces' peaks with no more than
+//! 1.7 MiB of small blocks live.
+//!
+//! A slot is found with shifts, a table read and a multiplication, no search: a chunk's owner table
+//! entry (class and the class's chunk number) is read from the address's chunk index (`offset >> log2 C`);
+//! the slot within the chunk is the offset within the chunk divided by the class size (an exact
+//! multiply-shift). A class numbers its slots `k << s | j` (chunk `k` of the class, slot `j` of the
+//! chunk, `2^s` the chunk's slots rounded up to a power of two), so its free lists and per-slot flags
+//! stay the class's own and the address of slot `k << s | j` is the base of the chunk the class's
+//! chunk `k` sits in (a per-class table) plus `j` times the class size.
 //!
 //! # Free lists and streams
 //! Free slots live in lock-free index free lists ([`gen_freelist::FrontCache`]: a Treiber stack with one
@@ -63,7 +73,7 @@
 mod class;
 
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize};
 use std::sync::{Arc, OnceLock};
 
 use gen_device::{Device, EventHandle, StreamId};
@@ -93,8 +103,10 @@ pub struct SlabConfig {
     pub class_span: u64,
     /// Most slots per class (host memory: about 5 bytes per slot per stream in use).
     pub max_slots_per_class: u32,
-    /// Target chunk size (bytes); 0 = one page of the pool. A class's chunk is
-    /// `max(1, chunk_bytes / class_size)` slots.
+    /// Chunk size (bytes, a power of two at least the largest class and at most `class_span`): the unit a
+    /// class takes from the slab's region and commits. 0 = [`SlabConfig::auto_chunk`] (64 KiB for the
+    /// default classes: the classes share pages). Below the page size chunks of different classes share
+    /// pages; at or above it every chunk has pages of its own (the layout before session 24).
     pub chunk_bytes: u64,
     /// Thread shards of each free list; 0 = the machine's available parallelism (at most 64).
     pub shards: usize,
@@ -103,6 +115,15 @@ pub struct SlabConfig {
 }
 
 impl SlabConfig {
+    /// The chunk size `chunk_bytes: 0` stands for, with pages of `page` bytes: 16 times the largest class
+    /// (rounded up to a power of two) — so that a chunk's unused tail stays under 1/16 of it — at least
+    /// 64 KiB (fewer commits), at most a page (where classes share pages), and never below the largest
+    /// class. The default classes (up to 4 KiB) get 64 KiB chunks, 32 to a 2 MiB page.
+    pub fn auto_chunk(&self, page: u64) -> u64 {
+        let top = self.max_size.max(1).next_power_of_two();
+        top.max(page.min(top.saturating_mul(16).max(64 << 10)))
+    }
+
     /// The default with classes up to 1 MiB (the slab's own tests and benchmarks exercise large classes).
     pub fn wide() -> Self {
         SlabConfig {
@@ -159,7 +180,8 @@ pub struct SlabStats {
     pub free_blocks: u64,
     /// Chunks committed now.
     pub chunks_committed: u64,
-    /// Bytes of physical pages the slab references now (whole pages; classes never share one).
+    /// Bytes of physical pages the slab's chunks reference now (whole pages; a page counts once however
+    /// many classes' chunks share it).
     pub committed_bytes: u64,
     /// Highest `committed_bytes` so far.
     pub peak_committed_bytes: u64,
@@ -185,14 +207,12 @@ struct Pending {
 
 /// The slow-path state of a class, under its mutex.
 struct ClassSlow {
-    /// Chunks ever carved (chunks `carved..` were never committed).
+    /// The class's chunk numbers ever used (numbers `carved..` never were).
     carved: u32,
-    /// Whether each carved chunk is committed now.
+    /// Whether each used chunk number holds a committed chunk now.
     committed: Vec<bool>,
-    /// Carved chunks decommitted by reclaim, reused before carving new ones.
+    /// Chunk numbers whose chunk reclaim decommitted, reused (lowest first) before new numbers.
     released: Vec<u32>,
-    /// References of the slab's chunks to each page of the class's span.
-    page_refs: Vec<u32>,
     /// Migrated batches waiting for their event.
     pending: Vec<Pending>,
     /// Slots freed on streams beyond the stream table, per stream: reused by that stream at once, and
@@ -209,16 +229,37 @@ struct ClassSlow {
 struct Class {
     size: u64,
     div: Divisor,
-    /// Offset of the class's span in the region.
-    offset: u64,
-    chunk_len: u64,
-    /// 1 while the slot is live (handed out and not freed).
+    /// Per chunk number of the class, the region chunk it sits in (valid while committed).
+    chunk_at: Box<[AtomicU32]>,
+    /// 1 while the slot is live (handed out and not freed); indexed by slot number `k << s | j`.
     live: Box<[AtomicU8]>,
     slots_per_chunk: u32,
-    capacity: u32,
+    /// `s`: slot numbers of chunk `k` are `k << s ..= k << s | (slots_per_chunk - 1)`.
+    slot_shift: u32,
+    /// Chunk numbers of the class (`chunks << slot_shift` slot numbers).
+    chunks: u32,
+    /// Bytes of a chunk the class's slots cover (`slots_per_chunk * size`).
+    chunk_len: u64,
     /// Lists `0..STREAM_SLOTS` per stream slot, `IDLE` the idle list; built on first use.
     lists: [OnceLock<FrontCache>; STREAM_SLOTS + 1],
     slow: Mutex<ClassSlow>,
+    /// The class's index in the slab's class table (what its chunks' owner entries name).
+    index: u32,
+}
+
+impl Class {
+    /// The live flags of chunk number `k`'s slots.
+    #[inline]
+    fn chunk_live(&self, k: usize) -> &[AtomicU8] {
+        let first = k << self.slot_shift;
+        &self.live[first..first + self.slots_per_chunk as usize]
+    }
+
+    /// The chunk number of slot `slot`.
+    #[inline]
+    fn chunk_of(&self, slot: u32) -> usize {
+        (slot >> self.slot_shift) as usize
+    }
 }
 
 /// The stream table: stream ids of slots `0..count`, registered once, never removed.
@@ -251,8 +292,11 @@ struct Counters {
 pub struct Slab {
     class: Box<[Class]>,
     base: u64,
-    span_shift: u32,
-    span_mask: u64,
+    /// Bytes of the region (`owns` is a range check).
+    len: u64,
+    chunk_shift: u32,
+    /// Per region chunk: 0 when no class holds it, else `chunk number << 32 | class index + 1`.
+    owner: Box<[AtomicU64]>,
     page: u64,
     shards: usize,
     shard_capacity: usize,
@@ -261,6 +305,9 @@ pub struct Slab {
     device: Arc<dyn Device>,
     committed: AtomicU64,
     peak: AtomicU64,
+    /// The region's chunks no class holds, and the pages the committed ones reference. Taken after a
+    /// class's mutex, never before.
+    chunks: Mutex<Chunks>,
     events: Mutex<Vec<EventHandle>>,
     counters: Counters,
     region: Region,
@@ -283,6 +330,32 @@ const _: () = {
     const fn send_sync<T: Send + Sync>() {}
     send_sync::<Slab>();
 };
+
+/// The region's chunks no class holds (lowest reused first: it keeps the slab's pages few), and how many
+/// committed chunks reference each page.
+struct Chunks {
+    /// Chunks given back by reclaim.
+    free: std::collections::BTreeSet<u32>,
+    /// Chunks `next..` were never taken.
+    next: u32,
+    /// Chunks of the region.
+    total: u32,
+    /// Per page of the region, the committed chunks on it.
+    page_refs: Vec<u32>,
+}
+
+impl Chunks {
+    /// The lowest chunk no class holds.
+    fn take(&mut self) -> Option<u32> {
+        if let Some(g) = self.free.pop_first() {
+            return Some(g);
+        }
+        (self.next < self.total).then(|| {
+            self.next += 1;
+            self.next - 1
+        })
+    }
+}
 
 /// Why carving a new chunk failed without an error worth returning at once.
 enum CarveFail {
@@ -326,14 +399,16 @@ impl Slab {
                 sizes.max_class()
             ));
         }
-        let chunk_bytes = if cfg.chunk_bytes == 0 {
-            page
+        let chunk = if cfg.chunk_bytes == 0 {
+            cfg.auto_chunk(page)
         } else {
             cfg.chunk_bytes
         };
-        if chunk_bytes > span {
+        if !chunk.is_power_of_two() || chunk < sizes.max_class() || chunk > span {
             return bad(format!(
-                "chunk_bytes {chunk_bytes:#x} is above class_span {span:#x}"
+                "chunk_bytes {chunk:#x} must be a power of two in [the largest class {:#x}, class_span \
+                 {span:#x}]",
+                sizes.max_class()
             ));
         }
         if cfg.max_slots_per_class == 0 {
@@ -359,32 +434,46 @@ impl Slab {
                 "{n} classes of {span:#x} bytes overflow the address space"
             ));
         };
+        let total_chunks = total / chunk;
+        if total_chunks > u64::from(u32::MAX) {
+            return bad(format!(
+                "{total_chunks} chunks of {chunk:#x} bytes: at most 2^32 - 1"
+            ));
+        }
         let region = Region::new(pool, total, "gen-slab")?;
         let mut class = Vec::with_capacity(sizes.len());
-        for (i, &size) in sizes.sizes().iter().enumerate() {
-            let spc = (chunk_bytes / size).max(1);
-            let slots = (span / size).min(u64::from(cfg.max_slots_per_class));
-            let capacity = slots / spc * spc;
-            if capacity == 0 {
+        for (index, &size) in sizes.sizes().iter().enumerate() {
+            let spc = chunk / size;
+            let slot_shift = spc.next_power_of_two().trailing_zeros();
+            // The class's chunks: as many as its span holds, at most `max_slots_per_class` slots.
+            let chunks = (span / chunk).min(u64::from(cfg.max_slots_per_class) / spc);
+            if chunks == 0 {
                 return bad(format!(
                     "max_slots_per_class leaves class {size} without a whole chunk"
                 ));
             }
-            let pages = (capacity * size).div_ceil(page) as usize;
+            if chunks << slot_shift > u64::from(u32::MAX) {
+                return bad(format!(
+                    "class {size}: {chunks} chunks of {spc} slots overflow 32-bit slot numbers"
+                ));
+            }
             class.push(Class {
                 size,
                 div: Divisor::new(size),
-                offset: i as u64 * span,
+                chunk_at: (0..chunks).map(|_| AtomicU32::new(0)).collect(),
                 slots_per_chunk: spc as u32,
-                capacity: capacity as u32,
+                slot_shift,
+                chunks: chunks as u32,
                 chunk_len: spc * size,
+                index: index as u32,
                 lists: Default::default(),
-                live: (0..capacity).map(|_| AtomicU8::new(0)).collect(),
+                live: (0..chunks << slot_shift)
+                    .map(|_| AtomicU8::new(0))
+                    .collect(),
                 slow: Mutex::new(ClassSlow {
                     carved: 0,
                     committed: Vec::new(),
                     released: Vec::new(),
-                    page_refs: vec![0; pages],
                     pending: Vec::new(),
                     overflow: Vec::new(),
                     scratch: Vec::new(),
@@ -393,8 +482,9 @@ impl Slab {
         }
         Ok(Slab {
             base: region.base(),
-            span_shift: span.trailing_zeros(),
-            span_mask: span - 1,
+            len: total,
+            chunk_shift: chunk.trailing_zeros(),
+            owner: (0..total_chunks).map(|_| AtomicU64::new(0)).collect(),
             page,
             sizes,
             class: class.into_boxed_slice(),
@@ -408,6 +498,12 @@ impl Slab {
             shard_capacity: cfg.shard_capacity,
             committed: AtomicU64::new(0),
             peak: AtomicU64::new(0),
+            chunks: Mutex::new(Chunks {
+                free: Default::default(),
+                next: 0,
+                total: total_chunks as u32,
+                page_refs: vec![0; total.div_ceil(page) as usize],
+            }),
             events: Mutex::new(Vec::new()),
             counters: Counters::default(),
             region,
@@ -439,7 +535,7 @@ impl Slab {
     /// Whether `ptr` lies in the slab's address range (a range check; it may be a free slot).
     #[inline]
     pub fn owns(&self, ptr: u64) -> bool {
-        ptr.wrapping_sub(self.base) < (self.class.len() as u64) << self.span_shift
+        ptr.wrapping_sub(self.base) < self.len
     }
 
     /// A block of at least `size` bytes (512-byte aligned) for use on `stream`.
@@ -481,7 +577,7 @@ impl Slab {
     /// already); device errors on the overflow path. On any error nothing changed.
     #[inline]
     pub fn free(&self, ptr: u64, stream: StreamId) -> Result<u64, TierError> {
-        let (c, slot) = self.locate(ptr)?;
+        let (_, c, slot) = self.locate(ptr)?;
         let t = match self.streams.find(stream) {
             Some(t) => Some(t),
             None => self.register(stream)?,
@@ -571,11 +667,12 @@ impl Slab {
             let mut cs = ClassStats {
                 size: c.size,
                 slots_per_chunk: spc as u64,
-                capacity: u64::from(c.capacity),
+                capacity: u64::from(c.chunks) * spc as u64,
                 ..ClassStats::default()
             };
             for (k, _) in g.committed.iter().enumerate().filter(|(_, &on)| on) {
-                let live = c.live[k * spc..(k + 1) * spc]
+                let live = c
+                    .chunk_live(k)
                     .iter()
                     .filter(|b| b.load(Relaxed) != 0)
                     .count();
@@ -604,60 +701,79 @@ impl Slab {
             "slot {slot} handed out twice"
         );
         c.live[slot as usize].store(1, Relaxed);
-        self.base + c.offset + u64::from(slot) * c.size
+        self.slot_addr_in(c, slot)
+    }
+
+    /// The address of slot `slot` of `c`: its chunk's base (the slot was on a list, so its chunk is
+    /// committed and `chunk_at` was written before the slot was pushed) plus its place in the chunk.
+    #[inline]
+    fn slot_addr_in(&self, c: &Class, slot: u32) -> u64 {
+        let g = c.chunk_at[(slot >> c.slot_shift) as usize].load(Relaxed);
+        let j = slot & ((1 << c.slot_shift) - 1);
+        self.base + (u64::from(g) << self.chunk_shift) + u64::from(j) * c.size
     }
 
     /// The class index and slot of `ptr` when it is the start of one of this slab's slots (live or not):
     /// for an owner that keeps per-slot records beside the slab's own.
     #[inline]
+    ///
+    /// A slot number is the class's own (`k << s | j`, see the [crate docs](crate)); an address in a chunk
+    /// no class holds now is no slot.
     pub fn slot_of(&self, ptr: u64) -> Option<(usize, u32)> {
-        let (_, slot) = self.locate(ptr).ok()?;
-        Some((
-            (ptr.wrapping_sub(self.base) >> self.span_shift) as usize,
-            slot,
-        ))
+        self.locate(ptr).ok().map(|(ci, _, slot)| (ci, slot))
     }
 
-    /// The address of slot `slot` of class `ci` (both as [`slot_of`](Self::slot_of) gives them).
+    /// The address of slot `slot` of class `ci` (both as [`slot_of`](Self::slot_of) gives them; the
+    /// slot's chunk must be committed: a live slot's is).
     pub fn slot_addr(&self, ci: usize, slot: u32) -> u64 {
-        let c = &self.class[ci];
-        self.base + c.offset + u64::from(slot) * c.size
+        self.slot_addr_in(&self.class[ci], slot)
     }
 
-    /// Per class, `(slots, slots per chunk)`: the shape of a per-slot record kept beside the slab.
+    /// Per class, `(slot numbers, slots per chunk)`: the shape of a per-slot record kept beside the slab
+    /// (slot numbers run below the first, with gaps: see [`slot_of`](Self::slot_of)).
     pub fn slot_geometry(&self) -> Vec<(u32, u32)> {
         self.class
             .iter()
-            .map(|c| (c.capacity, c.slots_per_chunk))
+            .map(|c| (c.chunks << c.slot_shift, c.slots_per_chunk))
             .collect()
     }
 
-    /// Class and slot of `ptr`, which must be the start of a slot.
+    /// Class index, class and slot of `ptr`, which must be the start of a slot of a chunk a class holds.
     #[inline]
-    fn locate(&self, ptr: u64) -> Result<(&Class, u32), TierError> {
+    fn locate(&self, ptr: u64) -> Result<(usize, &Class, u32), TierError> {
         let off = ptr.wrapping_sub(self.base);
-        let Some(c) = self.class.get((off >> self.span_shift) as usize) else {
+        let Some(owner) = self.owner.get((off >> self.chunk_shift) as usize) else {
             return Err(TierError::InvalidFree {
                 ptr,
                 reason: "not a slab address",
             });
         };
-        // `span <= 2^32`, so the offset within the span fits in a u32.
-        let within = (off & self.span_mask) as u32;
+        // Acquire: pairs with `carve`'s release, for a pointer handed over without other ordering.
+        let o = owner.load(Acquire);
+        if o == 0 {
+            return Err(TierError::InvalidFree {
+                ptr,
+                reason: "in no class's chunk (never handed out, or freed and given back)",
+            });
+        }
+        let ci = (o as u32 - 1) as usize;
+        let c = &self.class[ci];
+        // `chunk <= span <= 2^32`, so the offset within the chunk fits in a u32.
+        let within = (off & ((1 << self.chunk_shift) - 1)) as u32;
         if !c.div.divides(within) {
             return Err(TierError::InvalidFree {
                 ptr,
                 reason: "not the start of a block",
             });
         }
-        let slot = c.div.div(within);
-        if slot >= c.capacity {
+        let j = c.div.div(within);
+        if j >= c.slots_per_chunk {
             return Err(TierError::InvalidFree {
                 ptr,
-                reason: "beyond the class's slots",
+                reason: "in a chunk's tail, past its last slot",
             });
         }
-        Ok((c, slot))
+        Ok((ci, c, ((o >> 32) as u32) << c.slot_shift | j))
     }
 
     #[cold]
@@ -665,7 +781,8 @@ impl Slab {
         if let Some(l) = c.lists[t].get() {
             return Ok(l);
         }
-        let l = FrontCache::new(c.capacity as usize, self.shards, self.shard_capacity)
+        let slots = (c.chunks as usize) << c.slot_shift;
+        let l = FrontCache::new(slots, self.shards, self.shard_capacity)
             .map_err(|e| TierError::Host(e.to_string()))?;
         // A racing thread may have set it first: either list is empty and equivalent.
         let _ = c.lists[t].set(l);
@@ -799,14 +916,12 @@ impl Slab {
                 return Ok(self.hand_out(c, slot));
             }
         }
-        // Several streams: a chunk is carved for this stream (its pages may have served another
-        // stream's slots, still queued there: the page layer makes this stream wait on that one) and its
-        // slots go to this stream's list, not the idle one.
+        // Several streams: a chunk is carved for this stream (its bytes may have served another stream's
+        // slots, of this class or another, still queued there: the page layer makes this stream wait on
+        // that one) and its slots go to this stream's list — its overflow list for a stream beyond the
+        // table — not the idle one.
         let several = !self.one_stream.load(Acquire) && self.streams.count.load(Acquire) > 1;
-        let carve_for = match (several, own, t) {
-            (true, Some(own), Some(t)) => Some((own, stream, t)),
-            _ => None,
-        };
+        let carve_for = several.then_some((own, stream));
         let fail = match self.carve(c, &mut g, idle, false, carve_for) {
             Ok(slot) => return Ok(self.hand_out(c, slot)),
             Err(Ok(fail)) => fail,
@@ -832,41 +947,58 @@ impl Slab {
             CarveFail::Full => TierError::Exhausted {
                 what: "slab size class",
                 requested: c.size,
-                available: u64::from(c.capacity),
+                available: u64::from(c.chunks) * u64::from(c.slots_per_chunk),
             },
             CarveFail::WouldGrow(pages) => TierError::WouldGrow { pages },
         })
     }
 
-    /// Commit a chunk (a released one first, else a new one), push all its slots but the first to the idle
-    /// list and return the first. `Err(Ok(_))`: nothing to commit or it would grow; `Err(Err(_))`: error.
+    /// Commit a chunk for class `c` — the lowest chunk of the region no class holds, under the class's
+    /// lowest free chunk number — push all its slots but the first to the idle list and return the
+    /// first. `Err(Ok(_))`: nothing to commit or it would grow; `Err(Err(_))`: error.
     fn carve(
         &self,
         c: &Class,
         g: &mut ClassSlow,
         idle: &FrontCache,
         grow: bool,
-        // `(its list, the stream, its slot)`: carve for one stream of several (see `alloc_slow`).
-        for_stream: Option<(&FrontCache, StreamId, usize)>,
+        // `(its list, the stream)`: carve for one stream of several (see `alloc_slow`); no list for a
+        // stream beyond the table.
+        for_stream: Option<(Option<&FrontCache>, StreamId)>,
     ) -> Result<u32, Result<CarveFail, TierError>> {
-        let n_chunks = c.capacity / c.slots_per_chunk;
         let (k, fresh) = match g.released.last() {
             Some(&k) => (k, false),
-            None if g.carved < n_chunks => (g.carved, true),
+            None if g.carved < c.chunks => (g.carved, true),
             None => return Err(Ok(CarveFail::Full)),
         };
-        let off = c.offset + u64::from(k) * c.chunk_len;
+        let mut chunks = self.chunks.lock();
+        let Some(at) = chunks.take() else {
+            return Err(Ok(CarveFail::Full));
+        };
+        let off = u64::from(at) << self.chunk_shift;
         // `ordered`: the stream was made to wait on another stream's work on these pages — the slots are
         // safe on it alone.
         let committed = match for_stream {
-            Some((_, stream, _)) => self.region.commit_for(off, c.chunk_len, grow, stream),
+            Some((_, stream)) => self.region.commit_for(off, c.chunk_len, grow, stream),
             None => self.region.commit(off, c.chunk_len, grow).map(|()| false),
         };
         let ordered = match committed {
             Ok(ordered) => ordered,
-            Err(VmmError::WouldGrow { pages }) => return Err(Ok(CarveFail::WouldGrow(pages))),
-            Err(e) => return Err(Err(e.into())),
+            Err(e) => {
+                chunks.free.insert(at);
+                return Err(match e {
+                    VmmError::WouldGrow { pages } => Ok(CarveFail::WouldGrow(pages)),
+                    e => Err(e.into()),
+                });
+            }
         };
+        let mut new_pages = 0;
+        for p in self.pages_of(c, at) {
+            let r = &mut chunks.page_refs[p];
+            new_pages += u64::from(*r == 0);
+            *r += 1;
+        }
+        drop(chunks);
         if fresh {
             g.carved += 1;
             g.committed.push(true);
@@ -874,29 +1006,34 @@ impl Slab {
             g.released.pop();
             g.committed[k as usize] = true;
         }
-        let mut new_pages = 0;
-        for p in self.pages_of(c, k) {
-            let r = &mut g.page_refs[p];
-            new_pages += u64::from(*r == 0);
-            *r += 1;
-        }
+        c.chunk_at[k as usize].store(at, Relaxed);
+        // Release: a free that finds the chunk's owner finds its slots' class (see `locate`).
+        self.owner[at as usize].store(u64::from(k) << 32 | (u64::from(c.index) + 1), Release);
         let now = self.committed.fetch_add(new_pages * self.page, Relaxed) + new_pages * self.page;
         self.peak.fetch_max(now, Relaxed);
-        let first = k * c.slots_per_chunk;
+        let first = k << c.slot_shift;
         g.scratch.clear();
         g.scratch.extend(first + 1..first + c.slots_per_chunk);
         // The carving thread keeps the chunk's first run in its shard (its slots neighbours, not another
         // thread's), the rest is for every thread.
         match for_stream {
-            Some((own, _, _)) if ordered => own.push_run_near(&g.scratch),
+            Some((Some(own), _)) if ordered => own.push_run_near(&g.scratch),
+            Some((None, stream)) if ordered => {
+                let scratch = std::mem::take(&mut g.scratch);
+                match g.overflow.iter_mut().find(|(s, _)| *s == stream) {
+                    Some((_, v)) => v.extend_from_slice(&scratch),
+                    None => g.overflow.push((stream, scratch.clone())),
+                }
+                g.scratch = scratch;
+            }
             _ => idle.push_run_near(&g.scratch),
         }
         Ok(first)
     }
 
-    /// Page indices (within the class's span) overlapped by chunk `k`.
-    fn pages_of(&self, c: &Class, k: u32) -> std::ops::RangeInclusive<usize> {
-        let start = u64::from(k) * c.chunk_len;
+    /// Page indices (within the region) overlapped by the slots of class `c` in region chunk `at`.
+    fn pages_of(&self, c: &Class, at: u32) -> std::ops::RangeInclusive<usize> {
+        let start = u64::from(at) << self.chunk_shift;
         (start / self.page) as usize..=((start + c.chunk_len - 1) / self.page) as usize
     }
 
@@ -1087,12 +1224,7 @@ impl Slab {
         // slot (the common case when an allocation is about to take memory elsewhere), nothing below
         // could be reclaimed — skip taking every list apart. A racing free or allocation changes no
         // outcome: a slot between its list and its live flag is in neither, so its chunk stays either way.
-        let spc = c.slots_per_chunk as usize;
-        let may_be_empty = |k: usize| {
-            c.live[k * spc..(k + 1) * spc]
-                .iter()
-                .all(|b| b.load(Relaxed) == 0)
-        };
+        let may_be_empty = |k: usize| c.chunk_live(k).iter().all(|b| b.load(Relaxed) == 0);
         if g.pending.is_empty()
             && !g
                 .committed
@@ -1132,7 +1264,7 @@ impl Slab {
         // a decommitted page only through its fences — no synchronize for them.
         let one_stream = self.one_stream.load(Acquire);
         for &(s, o) in &taken {
-            let k = (s / spc) as usize;
+            let k = c.chunk_of(s);
             free_in[k] += 1;
             unsafe_in[k] |= o == PENDING || (o != IDLE as u8 && !one_stream);
         }
@@ -1149,7 +1281,7 @@ impl Slab {
         let mut stamp: Vec<Option<StreamId>> = vec![None; free_in.len()];
         if !one_stream {
             for &(s, o) in &taken {
-                let k = (s / spc) as usize;
+                let k = c.chunk_of(s);
                 if o == PENDING {
                     pending_in[k] = true;
                 } else if o != IDLE as u8 {
@@ -1198,7 +1330,7 @@ impl Slab {
         let idle = c.lists[IDLE].get();
         let mut back: [Vec<u32>; STREAM_SLOTS + 1] = Default::default();
         for &(s, o) in &taken {
-            if reclaim[(s / spc) as usize] || (o == PENDING && !synced) {
+            if reclaim[c.chunk_of(s)] || (o == PENDING && !synced) {
                 continue;
             }
             let dest = if synced { IDLE } else { o as usize };
@@ -1219,22 +1351,31 @@ impl Slab {
             }
         }
         let mut freed_pages = 0u64;
+        let mut chunks = self.chunks.lock();
         for k in (0..reclaim.len()).filter(|&k| reclaim[k]) {
-            debug_assert!(c.live[k * spc as usize..(k + 1) * spc as usize]
-                .iter()
-                .all(|b| b.load(Relaxed) == 0));
-            let (off, len) = (c.offset + k as u64 * c.chunk_len, c.chunk_len);
+            debug_assert!(c.chunk_live(k).iter().all(|b| b.load(Relaxed) == 0));
+            let at = c.chunk_at[k].load(Relaxed);
+            let (off, len) = (u64::from(at) << self.chunk_shift, c.chunk_len);
+            // Idle bytes: after the synchronize, or (several streams) every slot on the idle list — a
+            // plain decommit would leave the unknown stream on a page other chunks share, and its next
+            // reuse for a stream would synchronize the device for nothing.
+            let idle = synced || (!one_stream && lists_in[k] == 0 && !pending_in[k]);
             match stamp[k].filter(|_| !synced) {
                 Some(stream) => self.region.decommit_for(off, len, stream),
+                None if idle => self.region.decommit_idle(off, len),
                 None => self.region.decommit(off, len),
             }
+            // No slot of the chunk is live or on a list: no free can name it rightly any more.
+            self.owner[at as usize].store(0, Relaxed);
             g.committed[k] = false;
             g.released.push(k as u32);
-            for p in self.pages_of(c, k as u32) {
-                g.page_refs[p] -= 1;
-                freed_pages += u64::from(g.page_refs[p] == 0);
+            for p in self.pages_of(c, at) {
+                chunks.page_refs[p] -= 1;
+                freed_pages += u64::from(chunks.page_refs[p] == 0);
             }
+            chunks.free.insert(at);
         }
+        drop(chunks);
         // Reuse low chunks first (keeps the class's footprint compact).
         g.released.sort_unstable_by(|a, b| b.cmp(a));
         let bytes = freed_pages * self.page;
@@ -1268,8 +1409,9 @@ impl Drop for Slab {
                 }
             }
             for (k, _) in g.committed.iter().enumerate().filter(|(_, &on)| on) {
+                let at = c.chunk_at[k].load(Relaxed);
                 self.region
-                    .decommit(c.offset + k as u64 * c.chunk_len, c.chunk_len);
+                    .decommit(u64::from(at) << self.chunk_shift, c.chunk_len);
             }
         }
         for ev in self.events.get_mut().drain(..) {
@@ -1291,7 +1433,7 @@ mod layout_tests {
     #[test]
     fn the_per_call_fields_share_a_line() {
         assert!(
-            offset_of!(Class, capacity) + 4 <= 64,
+            offset_of!(Class, chunks) + 4 <= 64,
             "class scalars in the first line"
         );
         assert!(

@@ -32,7 +32,21 @@ fn small_cfg() -> SlabConfig {
         classes_per_doubling: if miri { 1 } else { 4 },
         class_span: if miri { 16 * MIB } else { 64 * MIB },
         max_slots_per_class: if miri { 4096 } else { 1 << 14 },
+        // Page-sized chunks: one class to a page, as these tests were written (the default's shared
+        // pages have tests of their own below).
+        chunk_bytes: 2 * MIB,
         ..SlabConfig::wide()
+    }
+}
+
+/// The default classes (up to 4 KiB) and chunks (64 KiB: 32 to a page, shared by the classes), with
+/// small spans (smaller still under Miri, as `small_cfg`).
+fn shared_cfg() -> SlabConfig {
+    let miri = cfg!(miri);
+    SlabConfig {
+        class_span: if miri { 16 * MIB } else { 64 * MIB },
+        max_slots_per_class: if miri { 4096 } else { 1 << 14 },
+        ..SlabConfig::default()
     }
 }
 
@@ -75,16 +89,16 @@ fn bad_frees_are_typed_errors_and_change_nothing() {
         inval(s.free(s.base.wrapping_sub(4096), 0)),
         "just below the slab"
     );
-    let end = s.base + ((s.class.len() as u64) << s.span_shift);
+    let end = s.base + s.len;
     assert!(!s.owns(end) && inval(s.free(end, 0)), "just past the slab");
     assert!(
         inval(s.free(p + 4096, 0)),
         "a free slot that was never handed out"
     );
-    // Beyond the class's capacity but inside its span.
+    // In the region, in a chunk no class holds.
     let c = &s.class[s.class_of(4096).unwrap().0];
-    let beyond = s.base + c.offset + u64::from(c.capacity) * c.size;
-    assert!(s.owns(beyond) && inval(s.free(beyond, 0)));
+    let unheld = s.base + (1 << s.chunk_shift);
+    assert!(s.owns(unheld) && inval(s.free(unheld, 0)));
     assert_eq!(s.stats().live_blocks, 1);
     assert_eq!(s.free(p, 0).unwrap(), 4096);
     assert!(inval(s.free(p, 0)), "double free");
@@ -155,7 +169,118 @@ fn unsupported_sizes_and_bad_configs_are_rejected() {
     ];
     for cfg in bad {
         let r = Slab::new(&f.pool, f.dev.clone(), cfg.clone());
-        assert!(matches!(r, Err(TierError::InvalidConfig(_))), "{cfg:?}");
+        assert!(
+            matches!(r, Err(TierError::InvalidConfig(_))),
+            "{cfg:?}: {r:?}"
+        );
+    }
+}
+
+#[test]
+fn the_default_classes_share_one_page() {
+    let f = fixture(shared_cfg());
+    let s = &f.slab;
+    assert_eq!(s.max_size(), 4096);
+    assert_eq!(1u64 << s.chunk_shift, 64 << 10, "64 KiB chunks");
+    // One block of every class: eight chunks, one page.
+    let sizes = s.size_classes().sizes().to_vec();
+    assert_eq!(sizes.len(), 8);
+    let blocks: Vec<(u64, u64)> = sizes
+        .iter()
+        .map(|&z| (s.alloc(z, 0, true).unwrap(), z))
+        .collect();
+    let st = s.stats();
+    assert_eq!(st.chunks_committed, 8);
+    assert_eq!(
+        st.committed_bytes,
+        2 * MIB,
+        "the classes' chunks share one page"
+    );
+    assert_eq!(f.pool.stats().pages_in_use, 1);
+    // Each class's block starts its own chunk; every address maps back to its class and slot.
+    let mut chunks = HashSet::new();
+    for (ci, &(p, z)) in blocks.iter().enumerate() {
+        assert_eq!((p - s.base) % (64 << 10), 0);
+        assert!(chunks.insert(p >> 16));
+        let (c, slot) = s.slot_of(p).unwrap();
+        assert_eq!((c, s.slot_addr(c, slot)), (ci, p));
+        assert_eq!(s.class_of(z).unwrap().0, ci);
+    }
+    // A class's next slots follow in its chunk.
+    let (p0, z0) = blocks[5];
+    let q = s.alloc(z0, 0, true).unwrap();
+    assert_eq!(q, p0 + z0);
+    s.free(q, 0).unwrap();
+    for &(p, z) in &blocks {
+        assert_eq!(s.free(p, 0).unwrap(), z);
+    }
+    s.set_one_stream(true);
+    assert_eq!(s.reclaim().unwrap(), 2 * MIB);
+    let st = s.stats();
+    assert_eq!((st.chunks_committed, st.committed_bytes), (0, 0));
+    assert_eq!(st.peak_committed_bytes, 2 * MIB);
+}
+
+#[test]
+fn a_chunk_given_back_serves_another_class_and_old_addresses_are_no_blocks() {
+    let f = fixture(shared_cfg());
+    let s = &f.slab;
+    s.set_one_stream(true);
+    // 3072 B: 21 slots to a 64 KiB chunk, 1 KiB of tail.
+    let a = s.alloc(3072, 0, true).unwrap();
+    let b = s.alloc(3072, 0, true).unwrap();
+    assert_eq!(b, a + 3072);
+    let inval = |r: Result<u64, TierError>| matches!(r, Err(TierError::InvalidFree { .. }));
+    assert!(
+        inval(s.free(a + 21 * 3072, 0)),
+        "the chunk's tail is no slot"
+    );
+    s.free(a, 0).unwrap();
+    s.free(b, 0).unwrap();
+    assert_eq!(s.reclaim().unwrap(), 2 * MIB);
+    assert!(inval(s.free(b, 0)), "a chunk no class holds");
+    assert_eq!(s.slot_of(a), None);
+    // The 2 KiB class takes the lowest free chunk: the one just given back.
+    let c = s.alloc(2048, 0, true).unwrap();
+    assert_eq!(c, a, "the lowest chunk again, now the 2 KiB class's");
+    assert_eq!(
+        s.slot_of(c).map(|(ci, _)| ci),
+        s.class_of(2048).map(|(ci, _)| ci)
+    );
+    assert!(inval(s.free(b, 0)), "3072 is no 2 KiB slot start");
+    assert_eq!(s.free(c, 0).unwrap(), 2048);
+    assert_eq!(s.stats().live_blocks, 0);
+}
+
+#[test]
+fn chunk_sizes_follow_the_classes() {
+    let page = 2 * MIB;
+    let auto = |max_size: u64| {
+        SlabConfig {
+            max_size,
+            ..SlabConfig::default()
+        }
+        .auto_chunk(page)
+    };
+    assert_eq!(auto(4 << 10), 64 << 10);
+    assert_eq!(auto(512), 64 << 10);
+    assert_eq!(auto(64 << 10), MIB);
+    assert_eq!(auto(MIB), 2 * MIB, "a page: one class to a page");
+    assert_eq!(auto(64 * MIB), 64 * MIB, "never below the largest class");
+    let f = fixture(shared_cfg());
+    for chunk_bytes in [96 << 10, 2 << 10, 128 * MIB] {
+        let r = Slab::new(
+            &f.pool,
+            f.dev.clone(),
+            SlabConfig {
+                chunk_bytes,
+                ..shared_cfg()
+            },
+        );
+        assert!(
+            matches!(r, Err(TierError::InvalidConfig(_))),
+            "chunk_bytes {chunk_bytes}: not a power of two, below the largest class, above the span"
+        );
     }
 }
 
@@ -805,8 +930,30 @@ fn a_free_beyond_the_stream_table_during_a_capture_makes_no_device_call() {
               run natively by `cargo test`, and the two overflow tests above run under Miri"
 )]
 fn many_streams_keep_the_stream_rule_under_random_programs() {
-    for seed in 1..=12u64 {
-        let f = fixture(small_cfg());
+    stream_rule_under_random_programs(small_cfg(), &[1024, 4096], 12);
+}
+
+/// The same with the default classes' 64 KiB chunks, which classes share pages in and hand to one
+/// another: a chunk given back by one class's reclaim and taken by another class for another stream
+/// must order that stream after the first one's queued work on those bytes — whichever address the new
+/// blocks start at (the check is by overlapping bytes, not by address).
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "minutes under Miri (a free list per stream and class); the code it drives is safe Rust, \
+              run natively by `cargo test`"
+)]
+fn chunks_passed_between_classes_keep_the_stream_rule() {
+    stream_rule_under_random_programs(shared_cfg(), &[512, 1024, 1536, 3072, 4096], 12);
+}
+
+/// Random allocations (sizes from `sizes`), frees, pauses, resumes and reclaims over
+/// `STREAM_SLOTS + 4` streams, `seeds` seeds: no slot handed out twice, and a block whose bytes
+/// overlap bytes freed on a stream that is still paused since is handed to another stream only once
+/// that stream waits on it.
+fn stream_rule_under_random_programs(cfg: SlabConfig, sizes: &[u64], seeds: u64) {
+    for seed in 1..=seeds {
+        let f = fixture(cfg.clone());
         let s = &f.slab;
         let streams: Vec<u64> = (0..STREAM_SLOTS + 4)
             .map(|_| f.dev.stream_create().unwrap())
@@ -824,35 +971,52 @@ fn many_streams_keep_the_stream_rule_under_random_programs() {
         let mut resumed = vec![0u64; n];
         // Live blocks: (ptr, size, stream index).
         let mut live: Vec<(u64, u64, usize)> = Vec::new();
-        // Each freed address: (stream index, its resume generation if the stream was paused).
-        let mut freed: std::collections::HashMap<u64, (usize, Option<u64>)> = Default::default();
+        // Freed byte ranges not reused since: (start, end, stream index, its resume generation if the
+        // stream was paused).
+        let mut freed: Vec<(u64, u64, usize, Option<u64>)> = Vec::new();
         for step in 0..3000 {
             match next(10) {
                 0..=4 => {
                     let si = next(n as u64) as usize;
-                    let size = if next(2) == 0 { 1024 } else { 4096 };
+                    let size = sizes[next(sizes.len() as u64) as usize];
                     let p = s.alloc(size, streams[si], true).unwrap();
                     assert!(
-                        !live.iter().any(|&(q, _, _)| q == p),
-                        "seed {seed} step {step}: {p:#x} handed out twice"
+                        !live.iter().any(|&(q, z, _)| q < p + size && p < q + z),
+                        "seed {seed} step {step}: {p:#x} overlaps a live block"
                     );
-                    if let Some(&(fi, Some(g))) = freed.get(&p) {
-                        if fi != si && paused[fi] && resumed[fi] == g {
-                            assert!(
-                                f.dev.waits_on(streams[si], streams[fi]),
-                                "seed {seed} step {step}: {p:#x} freed on paused stream {fi} reached \
-                                 stream {si} with no wait"
-                            );
+                    // Freed ranges overlapping [p, p + size): checked, then cut down to what the new
+                    // block leaves of them (so freed ranges never overlap one another).
+                    let mut kept = Vec::with_capacity(freed.len() + 1);
+                    for (q, end, fi, g) in std::mem::take(&mut freed) {
+                        if end <= p || q >= p + size {
+                            kept.push((q, end, fi, g));
+                            continue;
+                        }
+                        if q < p {
+                            kept.push((q, p, fi, g));
+                        }
+                        if end > p + size {
+                            kept.push((p + size, end, fi, g));
+                        }
+                        if let Some(g) = g {
+                            if fi != si && paused[fi] && resumed[fi] == g {
+                                assert!(
+                                    f.dev.waits_on(streams[si], streams[fi]),
+                                    "seed {seed} step {step}: bytes at {q:#x} freed on paused \
+                                     stream {fi} reached stream {si} at {p:#x} with no wait"
+                                );
+                            }
                         }
                     }
+                    freed = kept;
                     // The block is used by its stream (queued work, incomplete while it is paused).
                     f.dev.memset_async(p, 0, size, streams[si]).unwrap();
                     live.push((p, size, si));
                 }
                 5..=7 if !live.is_empty() => {
-                    let (p, _, si) = live.swap_remove(next(live.len() as u64) as usize);
+                    let (p, size, si) = live.swap_remove(next(live.len() as u64) as usize);
                     s.free(p, streams[si]).unwrap();
-                    freed.insert(p, (si, paused[si].then_some(resumed[si])));
+                    freed.push((p, p + size, si, paused[si].then_some(resumed[si])));
                 }
                 8 => {
                     let si = next(n as u64) as usize;

@@ -240,8 +240,11 @@ impl PagePool {
                 Ok(Taken::Mapped(h)) => {
                     let r = g.regions[rid as usize].as_mut().expect("registered region");
                     r.pages[pidx as usize].handle = Some(h);
-                    // Its history went with its page (settled before it came here).
-                    r.pages[pidx as usize].freed_on = 0;
+                    // Taken back through its old mapping, which never left this address: work queued
+                    // on the address before the move may still run, so the streams that freed bytes
+                    // here stay on it until it is idle (the commit ordered itself after them above;
+                    // the next one, of other bytes of the page for another stream, must too — the
+                    // slab's chunks share pages).
                     r.hot[pidx as usize].refs = 1;
                     r.hot[pidx as usize].set_backed(true);
                     r.in_use += 1;
@@ -578,7 +581,7 @@ impl PagePool {
     }
 
     pub(crate) fn decommit_locked(&self, g: &mut Inner, rid: u32, first: u64, last: u64) {
-        self.decommit_locked_on(g, rid, first, last, None);
+        self.decommit_locked_on(g, rid, first, last, FreedBy::Unknown);
     }
 
     /// [`decommit_locked`](Self::decommit_locked), stamping the pages that become free with the stream
@@ -589,9 +592,13 @@ impl PagePool {
         rid: u32,
         first: u64,
         last: u64,
-        freed_on: Option<StreamId>,
+        freed_on: FreedBy,
     ) {
-        let bit = freed_on.map(|s| Self::stream_bit(g, s));
+        let bit = match freed_on {
+            FreedBy::Stream(s) => Some(Self::stream_bit(g, s)),
+            FreedBy::Unknown | FreedBy::Idle => None,
+        };
+        let idle = matches!(freed_on, FreedBy::Idle);
         // Decided once per call, not per page (a capture check is a call through the device).
         let lazy = self.leaves_pages_mapped();
         let mut eager: Vec<u32> = Vec::new();
@@ -602,9 +609,10 @@ impl PagePool {
                 stats,
                 sleep,
                 epoch,
+                done_epoch,
                 ..
             } = &mut *g;
-            let epoch = *epoch;
+            let (epoch, done_epoch) = (*epoch, *done_epoch);
             let r = regions[rid as usize].as_mut().expect("registered region");
             let own_stream = r.stream.is_some();
             // Pages left free and mapped join the free set in runs (one bit operation per 64 pages); the
@@ -618,7 +626,7 @@ impl PagePool {
                 // one run for the free set, instead of the general walk's branches page by page
                 // (simulator: gpt2_train_fixed's blocks span ~20 pages). Anything else — a page another
                 // block shares, one asleep — takes the general walk below.
-                if pidx == first + 1 && last > first + 1 && lazy {
+                if pidx == first + 1 && last > first + 1 && lazy && !idle {
                     let (a, b) = (pidx as usize, last as usize - 1);
                     if release_sole(&mut r.hot[a..=b], epoch) {
                         let stamp = left_free_stamp(bit, own_stream);
@@ -637,6 +645,7 @@ impl PagePool {
                 }
                 let i = pidx as usize;
                 if let Some(bit) = bit {
+                    forget_completed(&mut r.pages[i], r.hot[i], done_epoch);
                     // The bytes freed here were used on that stream: whoever reuses them next waits for it.
                     r.pages[i].freed_on |= bit;
                     r.hot[i].set_freed(epoch);
@@ -658,9 +667,17 @@ impl PagePool {
                 if p.refs != 0 {
                     continue;
                 }
-                p.set_freed(epoch);
                 let backed = p.backed();
-                r.pages[i].freed_on |= left_free_stamp(bit, own_stream);
+                if !idle {
+                    // Idle bytes leave the page's free epoch and streams as they were: whatever else was
+                    // freed on it still orders its reuse, these bytes need nothing.
+                    let stamp = left_free_stamp(bit, own_stream);
+                    if stamp != 0 && bit.is_none() {
+                        forget_completed(&mut r.pages[i], *p, done_epoch);
+                    }
+                    p.set_freed(epoch);
+                    r.pages[i].freed_on |= stamp;
+                }
                 released += 1;
                 if !backed {
                     // Asleep (a referenced page is backed otherwise): nothing is mapped to free; its
@@ -706,6 +723,30 @@ impl PagePool {
             }
         }
     }
+}
+
+/// Before a decommit stamps `page` with a stream: when every free its stream bits name completed (the
+/// last of them before the newest known completion, `done_epoch`), drop them — they order nothing any
+/// more. Without this, the bits of a page revived in place and freed again pile up, and an unknown
+/// stream's among them makes the next reuse for another stream synchronize the device for work long
+/// done (the slab's chunks, reused in place on pages the classes share).
+#[inline]
+fn forget_completed(page: &mut crate::page::Page, hot: crate::page::PageHot, done_epoch: u64) {
+    if !hot.warm(done_epoch) {
+        page.freed_on = 0;
+    }
+}
+
+/// Who last used the bytes a decommit frees ([`PagePool::decommit_locked_on`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FreedBy {
+    /// Not known: a region of no stream of its own stamps the unknown stream (the next reuse
+    /// elsewhere synchronizes); a region of one stream needs nothing.
+    Unknown,
+    /// Work on this stream (or ordered before work queued there).
+    Stream(StreamId),
+    /// Nothing queued uses them any more (a synchronize or a completed event since their last use).
+    Idle,
 }
 
 /// The [`Page::freed_on`] bits a page a decommit leaves free gets: the freeing stream's bit (whoever

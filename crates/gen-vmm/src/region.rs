@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use gen_device::{DevicePtr, StreamId};
 
+use crate::commit::FreedBy;
 use crate::{Inner, PagePool, VmmError};
 
 /// A reserved range of device virtual addresses whose pages are mapped on demand from a [`PagePool`].
@@ -216,7 +217,26 @@ impl Region {
             Ok((first, last)) => {
                 let mut g = self.pool.lock();
                 self.pool
-                    .decommit_locked_on(&mut g, self.id, first, last, Some(stream));
+                    .decommit_locked_on(&mut g, self.id, first, last, FreedBy::Stream(stream));
+            }
+            Err(e) => {
+                debug_assert!(false, "{e}");
+                log::error!("gen-vmm: decommit: {e}");
+            }
+        }
+    }
+
+    /// [`decommit`](Self::decommit) of a range no queued work uses any more (the caller's word: a
+    /// synchronize, or a completed event recorded after its last use, came since): the pages keep the
+    /// streams and free epoch earlier frees left on them, and these bytes add none — so a page a region
+    /// of no stream of its own shares (the slab's chunks) is not left with the unknown stream, whose next
+    /// reuse on another stream would synchronize the device.
+    pub fn decommit_idle(&self, offset: u64, len: u64) {
+        match self.page_range(offset, len) {
+            Ok((first, last)) => {
+                let mut g = self.pool.lock();
+                self.pool
+                    .decommit_locked_on(&mut g, self.id, first, last, FreedBy::Idle);
             }
             Err(e) => {
                 debug_assert!(false, "{e}");

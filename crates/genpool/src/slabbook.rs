@@ -1,7 +1,7 @@
 //! What the engine remembers of a slab block, kept per slot beside the slab instead of in the sharded
 //! address map ([`crate::meta::MetaTable`]).
 //!
-//! A slab block's address gives its class and slot with a shift and a multiply
+//! A slab block's address gives its class and slot with a table read, a shift and a multiply
 //! ([`gen_slab::Slab::slot_of`]), so its record needs no hash and no lock: one 16-byte entry, in a table
 //! of [`TABLE_SLOTS`] slots made on first use (a power of two, so a slot's table and entry are a shift and
 //! a mask — a table per slab chunk needed a division on every call). The thread that allocates a slot writes its entry and the thread

@@ -1083,3 +1083,49 @@ fn see_streams(pool: &Pool, streams: &[StreamId]) {
         pool.free(b.ptr, st).unwrap();
     }
 }
+
+/// Found by `prop_shared_handoffs` when the slab's size classes came to share pages (session 24): a
+/// chunk freed on a paused stream, its page moved to the extent arena and taken back through its old
+/// mapping for another class's chunk on the first stream, then a third class's chunk on the page for
+/// another stream — which must still wait for the paused one (the page layer used to forget, on the
+/// way back, which streams had freed the page's bytes).
+#[test]
+fn a_page_taken_back_keeps_the_streams_that_freed_its_bytes() {
+    let s = Setup {
+        conf: "experimental.routing:generational,experimental.stream_arenas:false,experimental.long_tier:buddy",
+        capacity: 384 * MIB,
+        backed: false,
+        huge: true,
+        faults: true,
+    };
+    let a = |size, stream| Action::Alloc {
+        size,
+        stream,
+        lifetime: None,
+        site: None,
+    };
+    let actions = [
+        a(SizeKind::Small(1537), 0),
+        a(SizeKind::Small(513), 0),
+        Action::Free {
+            pick: 5350900632382291157,
+            stream: 0,
+        },
+        a(SizeKind::Small(513), 0),
+        Action::Free {
+            pick: 1202639182499390311,
+            stream: 0,
+        },
+        Action::Pause(1),
+        Action::Free { pick: 0, stream: 1 },
+        a(SizeKind::Medium(4097), 0),
+        Action::Free { pick: 0, stream: 0 },
+        a(SizeKind::Small(1025), 0),
+        a(SizeKind::Small(1), 2),
+    ];
+    let mut h = Harness::new(s).unwrap();
+    for x in &actions {
+        h.step(x).unwrap();
+    }
+    h.finish().unwrap();
+}
