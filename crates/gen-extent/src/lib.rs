@@ -409,6 +409,10 @@ impl ExtentArena {
         g.live += rounded;
         g.peak_live = g.peak_live.max(g.live);
         g.allocs += 1;
+        let live = g.live;
+        if let Some(o) = g.old.as_deref_mut() {
+            o.survivors.allocated(live);
+        }
         if let Some(o) = g.old.as_deref().filter(|o| off >= o.at) {
             let live = o.core.live_bytes();
             g.old_allocs += 1;
@@ -485,8 +489,9 @@ impl ExtentArena {
             });
         };
         g.live -= size;
+        let live = g.live;
         if let Some(o) = &mut g.old {
-            o.survivors.freed(size, age, off >= o.at);
+            o.survivors.freed(size, age, off >= o.at, live);
         }
         match stream {
             Some(s) => self.region.decommit_for(off, size, s),

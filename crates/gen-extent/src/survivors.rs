@@ -16,6 +16,11 @@
 /// which forgets). 512 bytes: eight lines, of which an allocation reads one.
 pub(crate) const SLOTS: usize = 64;
 
+/// A run ends when the arena's live bytes fall below this fraction (1/N) of the run's highest: what is
+/// freed then is a program letting go of everything (a model deleted, a replay's pass over), not a
+/// lifetime its next blocks will have.
+pub(crate) const EMPTIED: u64 = 16;
+
 /// Sizes that survived, learnt from frees. Not thread-safe by itself (the arena's lock covers it).
 #[derive(Debug)]
 pub(crate) struct Survivors {
@@ -23,6 +28,11 @@ pub(crate) struct Survivors {
     after: u64,
     /// By slot: a size (a multiple of 512) whose last freed block survived, or 0.
     sizes: [u64; SLOTS],
+    /// The arena's highest live bytes in this run.
+    run_peak: u64,
+    /// The arena emptied (below `run_peak / EMPTIED`): everything learnt is forgotten and frees teach
+    /// nothing until the next allocation starts a run.
+    quiet: bool,
 }
 
 #[inline]
@@ -36,7 +46,20 @@ impl Survivors {
         Survivors {
             after: after.max(1),
             sizes: [0; SLOTS],
+            run_peak: 0,
+            quiet: false,
         }
+    }
+
+    /// An allocation left the arena with `live` bytes live: the run goes on (or a new one starts after
+    /// the arena emptied).
+    #[inline]
+    pub(crate) fn allocated(&mut self, live: u64) {
+        if self.quiet {
+            self.quiet = false;
+            self.run_peak = 0;
+        }
+        self.run_peak = self.run_peak.max(live);
     }
 
     /// Whether the last freed block of `size` (rounded, a multiple of 512) survived.
@@ -46,11 +69,24 @@ impl Survivors {
     }
 
     /// A block of `size` was freed `age` allocations after its own (`None`: its age is unknown, which
-    /// teaches nothing); `was_old`: it was placed in the old range. Only a survivor, or a block of the
-    /// old range that died young, touches the table: a young block dying young — most frees — reads
-    /// nothing here (its size cannot be in the table unless the old range was full when it came).
+    /// teaches nothing); `was_old`: it was placed in the old range; `live`: the arena's live bytes
+    /// after it. Only a survivor, or a block of the old range that died young, touches the table: a
+    /// young block dying young — most frees — reads nothing here (its size cannot be in the table unless
+    /// the old range was full when it came). A free that leaves the arena nearly empty (below
+    /// `1 / EMPTIED` of the run's highest) ends the run: everything learnt is forgotten, and the frees
+    /// until the next allocation teach nothing — the blocks a program keeps for its whole run (weights,
+    /// optimizer state), freed when it lets go of everything, would otherwise teach their sizes a
+    /// lifetime the next run's first blocks of those sizes (gradients) do not have.
     #[inline]
-    pub(crate) fn freed(&mut self, size: u64, age: Option<u64>, was_old: bool) {
+    pub(crate) fn freed(&mut self, size: u64, age: Option<u64>, was_old: bool, live: u64) {
+        if self.quiet {
+            return;
+        }
+        if live < self.run_peak / EMPTIED {
+            self.forget();
+            self.quiet = true;
+            return;
+        }
         let Some(age) = age else { return };
         if age >= self.after {
             self.sizes[slot(size)] = size;
@@ -77,17 +113,17 @@ mod tests {
         let mut s = Survivors::new(3);
         let big = 64 * 512;
         assert!(!s.predicts_old(big), "nothing learnt yet");
-        s.freed(512, Some(1), false);
+        s.freed(512, Some(1), false, 0);
         assert!(!s.predicts_old(512));
-        s.freed(big, Some(3), false);
+        s.freed(big, Some(3), false, 0);
         assert!(s.predicts_old(big), "lived 3 allocations");
-        s.freed(big, Some(2), true);
+        s.freed(big, Some(2), true, 0);
         assert!(
             !s.predicts_old(big),
             "the last block of `big`, in the old range, lived 2"
         );
-        s.freed(big, Some(7), false);
-        s.freed(big, None, true);
+        s.freed(big, Some(7), false, 0);
+        s.freed(big, None, true, 0);
         assert!(s.predicts_old(big), "an unknown age teaches nothing");
         s.forget();
         assert!(!s.predicts_old(big));
@@ -101,15 +137,45 @@ mod tests {
             .map(|i| a + i * 512)
             .find(|&b| slot(b) == slot(a))
             .expect("two sizes share a slot");
-        s.freed(a, Some(5), false);
-        s.freed(b, Some(1), true);
+        s.freed(a, Some(5), false, 0);
+        s.freed(b, Some(1), true, 0);
         assert!(s.predicts_old(a), "b died young: a's slot untouched");
         assert!(!s.predicts_old(b));
-        s.freed(b, Some(2), false);
+        s.freed(b, Some(2), false, 0);
         assert!(s.predicts_old(b));
         assert!(
             !s.predicts_old(a),
             "b survived in a's slot: a forgotten, not mispredicted"
+        );
+    }
+
+    #[test]
+    fn an_arena_that_empties_ends_the_run_and_its_last_frees_teach_nothing() {
+        let mut s = Survivors::new(2);
+        let (w, g) = (64 * 512, 32 * 512);
+        // A run: weights `w` live throughout, 1 MiB at the peak.
+        s.allocated(1 << 20);
+        s.freed(g, Some(5), false, 1 << 19);
+        assert!(s.predicts_old(g), "a survivor within the run teaches");
+        // The program lets go of everything: the weights' frees above 1/16 of the peak teach, the one
+        // below it ends the run and forgets.
+        s.freed(w, Some(9), false, 1 << 18);
+        assert!(s.predicts_old(w));
+        s.freed(w, Some(9), false, (1 << 16) - 512);
+        assert!(
+            !s.predicts_old(w) && !s.predicts_old(g),
+            "the run ended: forgotten"
+        );
+        s.freed(w, Some(9), false, 0);
+        assert!(!s.predicts_old(w), "the last frees of a run teach nothing");
+        // The next allocation starts a run, with a peak of its own.
+        s.allocated(4096);
+        s.freed(w, Some(9), false, 4096);
+        assert!(s.predicts_old(w), "the new run learns");
+        s.freed(g, Some(9), false, 255);
+        assert!(
+            !s.predicts_old(w),
+            "below 1/16 of the new run's peak: ended"
         );
     }
 }
