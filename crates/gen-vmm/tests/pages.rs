@@ -671,6 +671,86 @@ fn a_shared_region_orders_the_next_stream_after_the_last_users() {
     r.decommit(0, MIB);
 }
 
+/// Bytes of a shared region nothing queued uses any more (`decommit_idle`: the slab's chunks whose slots
+/// were all idle) leave no stream on their page, so its next use for a stream — while another stream,
+/// paused, has work queued elsewhere — neither synchronizes nor waits. A plain decommit there leaves the
+/// unknown stream, whose reuse synchronizes (here: cannot, and the commit fails cleanly).
+#[test]
+fn idle_bytes_of_a_shared_page_order_nothing() {
+    let dev = Arc::new(SimDevice::new());
+    let pool = pool_with(&dev, PagePoolConfig::default());
+    let (a, b) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
+    let r = Region::new(&pool, 64 * MIB, "shared").unwrap();
+    // Two chunks on one page; the first's bytes are idle when it goes.
+    r.commit_for(0, 64 << 10, true, a).unwrap();
+    r.commit_for(64 << 10, 64 << 10, true, a).unwrap();
+    dev.pause_stream(a).unwrap();
+    dev.memset_async(r.base() + (64 << 10), 0, 64 << 10, a)
+        .unwrap();
+    r.decommit_idle(0, 64 << 10);
+    let before = dev.calls();
+    assert!(
+        !r.commit_for(0, 64 << 10, true, b).unwrap(),
+        "idle bytes: for any stream"
+    );
+    let d = dev.calls().since(&before);
+    assert_eq!(
+        (
+            d.get(CallKind::Synchronize),
+            d.get(CallKind::StreamWaitEvent)
+        ),
+        (0, 0)
+    );
+    // The same with a plain decommit: the unknown stream's bytes would need a synchronize, which the
+    // paused stream forbids.
+    r.decommit(0, 64 << 10);
+    r.decommit(64 << 10, 64 << 10);
+    assert!(r.commit_for(0, 64 << 10, true, b).is_err());
+    dev.resume_stream(a).unwrap();
+    r.commit_for(0, 64 << 10, true, b).unwrap();
+    r.decommit(0, 64 << 10);
+}
+
+/// A page's stream bits name frees whose work may still run; once a synchronize showed that work done,
+/// the next free on the page replaces them instead of adding to them. Here a plain decommit leaves the
+/// unknown stream; the next commit for A synchronizes for it (correct: unknown work) — and then, with A's
+/// own work freed on the page while A is paused, a commit for B must wait on A's fence alone, not
+/// synchronize again for the unknown stream's long-finished work (until session 24 the bits only grew).
+#[test]
+fn stream_bits_of_completed_frees_are_dropped_at_the_next_free() {
+    let dev = Arc::new(SimDevice::new());
+    let pool = pool_with(&dev, PagePoolConfig::default());
+    let (a, b) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
+    let r = Region::new(&pool, 64 * MIB, "shared").unwrap();
+    r.commit_for(0, 64 << 10, true, a).unwrap();
+    dev.memset_async(r.base(), 0, 64 << 10, a).unwrap();
+    r.decommit(0, 64 << 10); // the page left free with the unknown stream
+    let before = dev.calls();
+    r.commit_for(0, 64 << 10, true, a).unwrap();
+    assert_eq!(
+        dev.calls().since(&before).get(CallKind::Synchronize),
+        1,
+        "unknown work: one synchronize"
+    );
+    dev.pause_stream(a).unwrap();
+    dev.memset_async(r.base(), 0, 64 << 10, a).unwrap();
+    r.decommit_for(0, 64 << 10, a);
+    let before = dev.calls();
+    assert!(
+        r.commit_for(0, 64 << 10, true, b).unwrap(),
+        "ordered after A: B's alone"
+    );
+    let d = dev.calls().since(&before);
+    assert_eq!(
+        d.get(CallKind::Synchronize),
+        0,
+        "no synchronize for work long done"
+    );
+    assert!(dev.waits_on(b, a));
+    dev.resume_stream(a).unwrap();
+    r.decommit(0, 64 << 10);
+}
+
 /// A block lands on an address whose old mapping (left by an aliasing move) is still busy: the pool
 /// waits for that fence, not for the whole device, then maps. With the stream paused the wait cannot
 /// end: the commit fails cleanly and succeeds once the stream runs.
