@@ -37,7 +37,7 @@ pub enum WasteCause {
     MappedTail,
     /// A fixed pool's free space past its last live block: its sizing slack.
     PoolTail,
-    /// genpool: free slots of slab chunks (each size class pins whole pages of its own).
+    /// genpool: free slots of committed slab chunks (and the rest of the pages they are on).
     SlabClasses,
     /// genpool: the parts of pages touched by live blocks that no live block covers (partially used
     /// pages at block edges).

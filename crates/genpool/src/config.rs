@@ -188,8 +188,9 @@ pub fn valid_keys() -> impl Iterator<Item = &'static str> {
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Config {
     /// Largest block served by the slab (bytes; default 4 KiB); bigger short-lived blocks go to the
-    /// extent arena. Each slab size class pins whole 2 MiB chunks, so on the shared traces classes above
-    /// a few KiB cost more pages than the extent arena's tight packing (docs/BENCHMARKS.md).
+    /// extent arena. A class takes chunks of 16× the largest class (at least 64 KiB, at most a page), so
+    /// large classes above a few KiB cost more pages than the extent arena's tight packing
+    /// (docs/BENCHMARKS.md).
     pub slab_max_size: u64,
     /// Where mid-lived blocks go.
     pub mid_tier: MidTier,
