@@ -247,6 +247,19 @@ struct Class {
     index: u32,
 }
 
+impl ClassSlow {
+    /// The index of `stream`'s overflow list, made empty when it has none.
+    fn overflow_of(&mut self, stream: StreamId) -> usize {
+        match self.overflow.iter().position(|(s, _)| *s == stream) {
+            Some(i) => i,
+            None => {
+                self.overflow.push((stream, Vec::new()));
+                self.overflow.len() - 1
+            }
+        }
+    }
+}
+
 impl Class {
     /// The live flags of chunk number `k`'s slots.
     #[inline]
@@ -710,7 +723,7 @@ impl Slab {
     fn slot_addr_in(&self, c: &Class, slot: u32) -> u64 {
         let g = c.chunk_at[(slot >> c.slot_shift) as usize].load(Relaxed);
         let j = slot & ((1 << c.slot_shift) - 1);
-        self.base + (u64::from(g) << self.chunk_shift) + u64::from(j) * c.size
+        self.base + self.chunk_offset(g) + u64::from(j) * c.size
     }
 
     /// The class index and slot of `ptr` when it is the start of one of this slab's slots (live or not):
@@ -975,7 +988,7 @@ impl Slab {
         let Some(at) = chunks.take() else {
             return Err(Ok(CarveFail::Full));
         };
-        let off = u64::from(at) << self.chunk_shift;
+        let off = self.chunk_offset(at);
         // `ordered`: the stream was made to wait on another stream's work on these pages — the slots are
         // safe on it alone.
         let committed = match for_stream {
@@ -1019,21 +1032,23 @@ impl Slab {
         match for_stream {
             Some((Some(own), _)) if ordered => own.push_run_near(&g.scratch),
             Some((None, stream)) if ordered => {
-                let scratch = std::mem::take(&mut g.scratch);
-                match g.overflow.iter_mut().find(|(s, _)| *s == stream) {
-                    Some((_, v)) => v.extend_from_slice(&scratch),
-                    None => g.overflow.push((stream, scratch.clone())),
-                }
-                g.scratch = scratch;
+                let i = g.overflow_of(stream);
+                g.overflow[i].1.extend_from_slice(&g.scratch);
             }
             _ => idle.push_run_near(&g.scratch),
         }
         Ok(first)
     }
 
+    /// The offset in the region of region chunk `at`.
+    #[inline]
+    fn chunk_offset(&self, at: u32) -> u64 {
+        u64::from(at) << self.chunk_shift
+    }
+
     /// Page indices (within the region) overlapped by the slots of class `c` in region chunk `at`.
     fn pages_of(&self, c: &Class, at: u32) -> std::ops::RangeInclusive<usize> {
-        let start = u64::from(at) << self.chunk_shift;
+        let start = self.chunk_offset(at);
         (start / self.page) as usize..=((start + c.chunk_len - 1) / self.page) as usize
     }
 
@@ -1170,13 +1185,7 @@ impl Slab {
                 reason: "not allocated (double free?)",
             });
         }
-        let i = match g.overflow.iter().position(|(s, _)| *s == stream) {
-            Some(i) => i,
-            None => {
-                g.overflow.push((stream, Vec::new()));
-                g.overflow.len() - 1
-            }
-        };
+        let i = g.overflow_of(stream);
         g.overflow[i].1.push(slot);
         self.counters.overflow_frees.fetch_add(1, Relaxed);
         if g.overflow[i].1.len() >= MIGRATE_BATCH && !self.capturing() {
@@ -1355,7 +1364,7 @@ impl Slab {
         for k in (0..reclaim.len()).filter(|&k| reclaim[k]) {
             debug_assert!(c.chunk_live(k).iter().all(|b| b.load(Relaxed) == 0));
             let at = c.chunk_at[k].load(Relaxed);
-            let (off, len) = (u64::from(at) << self.chunk_shift, c.chunk_len);
+            let (off, len) = (self.chunk_offset(at), c.chunk_len);
             // Idle bytes: after the synchronize, or (several streams) every slot on the idle list — a
             // plain decommit would leave the unknown stream on a page other chunks share, and its next
             // reuse for a stream would synchronize the device for nothing.
@@ -1410,6 +1419,7 @@ impl Drop for Slab {
             }
             for (k, _) in g.committed.iter().enumerate().filter(|(_, &on)| on) {
                 let at = c.chunk_at[k].load(Relaxed);
+                // (`chunk_offset` by hand: the classes are borrowed mutably here.)
                 self.region
                     .decommit(u64::from(at) << self.chunk_shift, c.chunk_len);
             }

@@ -213,17 +213,7 @@ impl Region {
     /// stamped with it, so moving or reviving them for another stream waits on a fence of `stream`
     /// instead of synchronizing the device.
     pub fn decommit_for(&self, offset: u64, len: u64, stream: StreamId) {
-        match self.page_range(offset, len) {
-            Ok((first, last)) => {
-                let mut g = self.pool.lock();
-                self.pool
-                    .decommit_locked_on(&mut g, self.id, first, last, FreedBy::Stream(stream));
-            }
-            Err(e) => {
-                debug_assert!(false, "{e}");
-                log::error!("gen-vmm: decommit: {e}");
-            }
-        }
+        self.decommit_by(offset, len, FreedBy::Stream(stream));
     }
 
     /// [`decommit`](Self::decommit) of a range no queued work uses any more (the caller's word: a
@@ -232,11 +222,16 @@ impl Region {
     /// of no stream of its own shares (the slab's chunks) is not left with the unknown stream, whose next
     /// reuse on another stream would synchronize the device.
     pub fn decommit_idle(&self, offset: u64, len: u64) {
+        self.decommit_by(offset, len, FreedBy::Idle);
+    }
+
+    /// The decommit `decommit_for` and `decommit_idle` make, never deferred: `by` says who used the bytes.
+    fn decommit_by(&self, offset: u64, len: u64, by: FreedBy) {
         match self.page_range(offset, len) {
             Ok((first, last)) => {
                 let mut g = self.pool.lock();
                 self.pool
-                    .decommit_locked_on(&mut g, self.id, first, last, FreedBy::Idle);
+                    .decommit_locked_on(&mut g, self.id, first, last, by);
             }
             Err(e) => {
                 debug_assert!(false, "{e}");
