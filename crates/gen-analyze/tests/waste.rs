@@ -191,6 +191,27 @@ fn genpool_page_edges() {
 }
 
 #[test]
+fn genpool_is_taken_apart_where_its_pages_in_use_peaked() {
+    // gpt2_generate_kv: genpool's reservation reaches its peak (439 pages) with its peak of pages in
+    // use, 4.4k operations before the trace's peak of live bytes, when 4 of those pages are held only
+    // for reuse. The fullest moment at peak reservation would charge the excess to those cached pages
+    // (51 %); what made the reservation that high is the edges at the peak of pages in use.
+    let t = gen_trace::load_path(std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../benches/traces/gpt2_generate_kv.csv.gz"
+    )))
+    .unwrap()
+    .remove(0);
+    let s = snapshot(&t, Strategy::Genpool);
+    assert_eq!(s.waste.bytes(WasteCause::CachedPages), 0, "{s:?}");
+    assert_eq!(s.waste.dominant(), Some(WasteCause::PageEdges), "{s:?}");
+    assert!(
+        s.moment.live < t.summary.peak_live,
+        "{s:?}: the fullest moment, not the peak of pages in use"
+    );
+}
+
+#[test]
 fn causes_add_up_on_a_real_trace() {
     let bytes = include_bytes!("../../genpool-cli/data/resnet50_train.csv.gz");
     let t = gen_trace::load_bytes("resnet50_train", bytes).unwrap();

@@ -168,10 +168,15 @@ impl ReplayAllocator for EngineReplay {
     }
 
     fn counters(&self) -> Vec<(&'static str, u64)> {
-        let o = self.pool.stats().old_generation;
+        let st = self.pool.stats();
+        let (o, p) = (st.old_generation, st.plan);
         vec![
             ("old_generation_allocs", o.allocs),
             ("old_generation_peak_live", o.peak_live_bytes),
+            ("plan_hits", p.hits),
+            ("plan_misses", p.misses),
+            ("plan_activations", p.activations),
+            ("plan_deactivations", p.deactivations),
         ]
     }
 
