@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Session 25: the general case on the GPU — the synthetic shapes of benches/host/synth_traces.py (eight
-# serving streams, a cross-stream hand-off, random sizes and lifetimes, growing KV caches), made here,
+# Session 25: the general case on the GPU — the synthetic shapes of `genpool synth` (gen_trace::synth:
+# eight serving streams, a cross-stream hand-off, random sizes and lifetimes, growing KV caches), made here,
 # through the engine's CUDA replay (5 passes) and PyTorch's entry points (torch_replay.py: native,
 # expandable_segments, genpool; 4 reps); then every CUDA test binary (STEPS has `tests`). Logs under
 # $OUT; the tables last.
@@ -10,7 +10,7 @@ STEPS_DEFAULT=synth,tests
 machine_info
 SYNTH=/tmp/synth
 if has synth; then
-  python3 benches/host/synth_traces.py "$SYNTH" > "$OUT/synth.txt" 2>&1
+  "$G"/bin/genpool synth "$SYNTH" > "$OUT/synth.txt" 2>&1
   for t in serve8 crossfree random_sizes kvgrow; do
     timeout 150 "$G"/bin/genpool replay "$SYNTH/$t.csv.gz" --device cuda --passes 5 --json \
       2>> "$OUT/cli.err" >> "$OUT/cli.jsonl"

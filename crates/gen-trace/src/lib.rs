@@ -9,6 +9,8 @@
 //! - **Replay** ([`replay`], [`ReplayPlan`], [`ReplayAllocator`]): the seam the genpool engine and the
 //!   reference allocators plug into; produces a serializable [`ReplayReport`] (ratio, ns/op, tiers).
 //! - **Reference allocators** ([`Bfc`], [`ReferenceBuddy`]): host-only address arithmetic, as baselines.
+//! - **Synthetic shapes** ([`synth`]): deterministic traces of workloads the captured ones do not cover
+//!   (many serving streams, cross-stream frees, random sizes, growing KV caches).
 //!
 //! This crate does not depend on the engine.
 
@@ -19,6 +21,7 @@ mod read;
 mod replay;
 pub mod site;
 mod snapshot;
+pub mod synth;
 mod trace;
 mod write;
 

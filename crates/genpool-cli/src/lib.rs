@@ -67,6 +67,18 @@ pub enum Command {
     /// A report on traces: Markdown, or with `--html FILE` a self-contained page (per-tier timelines,
     /// lifetimes, the confusion matrix, the sizes that waste most).
     Report(report::ReportArgs),
+    /// Write synthetic traces of shapes the captured ones do not cover (deterministic): serve8,
+    /// crossfree, random_sizes, kvgrow.
+    Synth(SynthArgs),
+}
+
+/// Arguments of `genpool synth`.
+#[derive(Debug, clap::Args)]
+pub struct SynthArgs {
+    /// Folder to write `NAME.csv.gz` into (made if missing).
+    pub out: PathBuf,
+    /// Shapes to write (default: all): serve8, crossfree, random_sizes, kvgrow.
+    pub shapes: Vec<String>,
 }
 
 /// Arguments of `genpool replay`.
@@ -106,6 +118,12 @@ pub enum CliError {
     /// A trace file is unreadable or malformed.
     #[error("{0}")]
     Trace(#[from] TraceError),
+    /// `genpool synth` was asked for a shape it does not make.
+    #[error("unknown shape `{name}` (known: {})", gen_trace::synth::SHAPES.join(", "))]
+    UnknownShape {
+        /// The name given.
+        name: String,
+    },
     /// `--allocator` names no known allocator.
     #[error("unknown allocator `{name}` (known: {})", KNOWN_ALLOCATORS.join(", "))]
     UnknownAllocator {
@@ -149,7 +167,9 @@ impl CliError {
     pub fn exit_code(&self) -> i32 {
         match self {
             CliError::Usage(e) => e.exit_code(),
-            CliError::Trace(_) | CliError::UnknownAllocator { .. } => 2,
+            CliError::Trace(_)
+            | CliError::UnknownAllocator { .. }
+            | CliError::UnknownShape { .. } => 2,
             CliError::Allocator { .. }
             | CliError::Replay { .. }
             | CliError::Io(_)
@@ -238,7 +258,36 @@ where
         Command::Replay(a) => replay_cmd(&a, out),
         Command::Analyze(a) => analyze::run(&a, out),
         Command::Report(a) => report::run(&a, out),
+        Command::Synth(a) => synth_cmd(&a, out),
     }
+}
+
+fn synth_cmd(a: &SynthArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    let names: Vec<&str> = if a.shapes.is_empty() {
+        gen_trace::synth::SHAPES.to_vec()
+    } else {
+        a.shapes.iter().map(String::as_str).collect()
+    };
+    // Every name checked before anything is written.
+    if let Some(bad) = names.iter().find(|n| !gen_trace::synth::SHAPES.contains(n)) {
+        return Err(CliError::UnknownShape {
+            name: (*bad).to_owned(),
+        });
+    }
+    std::fs::create_dir_all(&a.out).map_err(|source| CliError::Write {
+        path: a.out.clone(),
+        source,
+    })?;
+    for name in names {
+        let t = gen_trace::synth::shape(name).expect("a known shape");
+        let path = a.out.join(format!("{name}.csv.gz"));
+        gen_trace::write_csv_path(&t, &path).map_err(|source| CliError::Write {
+            path: path.clone(),
+            source,
+        })?;
+        writeln!(out, "{}: {} events", path.display(), t.events.len())?;
+    }
+    Ok(())
 }
 
 fn replay_cmd(a: &ReplayArgs, out: &mut dyn Write) -> Result<(), CliError> {

@@ -465,3 +465,28 @@ fn replay_table_shows_per_pass_counts_and_own_peaks() {
         .sum();
     assert!((per_pass - 13_149.0).abs() < 1.0, "{per_pass}: {out}");
 }
+
+#[test]
+fn synth_writes_traces_that_replay_and_refuses_unknown_shapes() {
+    let dir = std::env::temp_dir().join(format!("genpool_synth_{}", std::process::id()));
+    let d = dir.to_str().unwrap();
+    let o = genpool(&["synth", d, "crossfree", "serve8"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).lines().count(), 2, "{}", stdout(&o));
+    let f = dir.join("serve8.csv.gz");
+    let o = genpool(&["replay", f.to_str().unwrap(), "--passes", "2", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j = &json_lines(&o)[0];
+    assert_eq!(j["trace"], "serve8");
+    assert!(j["ratio"].as_f64().unwrap() < 1.05, "{j}");
+    // An unknown shape: exit 2, nothing written.
+    let o = genpool(&["synth", d, "kvgrow", "nope"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("unknown shape `nope`"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!dir.join("kvgrow.csv.gz").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
