@@ -413,6 +413,14 @@ impl ExtentCore {
         Some((off, stamp))
     }
 
+    /// Where best fit puts `size` bytes (rounded up to 512 B): the start of the smallest free extent
+    /// that fits, the lowest of equals — `candidates(size, 1)`'s first placement, with no list built.
+    #[inline]
+    pub fn best_fit(&self, size: u64) -> Option<u64> {
+        let size = round_size(size)?;
+        self.best(size).map(|(_, (_, off))| off)
+    }
+
     /// Up to `k` placements for `size` bytes (rounded up to 512 B), best fit first: for each of the `k`
     /// smallest free extents that fit, the block at the extent's start and, when the extent is larger, at
     /// its end. Offsets only; nothing changes.
@@ -800,6 +808,32 @@ mod tests {
         // The 4-unit block left one unit of the 5-unit hole, which now serves a 1-unit request.
         assert_eq!(c.alloc(1), Some(27 * U));
         assert_eq!(c.alloc(6 * U), Some(51 * U), "only the tail fits");
+        c.check().unwrap();
+    }
+
+    /// `best_fit` names the placement `candidates(size, 1)` lists first and `alloc` takes, over random
+    /// layouts (flat bins and ordered ones alike).
+    #[test]
+    fn best_fit_is_the_first_candidate_and_what_alloc_takes() {
+        let mut r = Rng(0x9e37_79b9_7f4a_7c15);
+        let mut c = ExtentCore::new(4096 * U);
+        let mut live = Vec::new();
+        let rounds = if cfg!(miri) { 200 } else { 20_000 };
+        for _ in 0..rounds {
+            let size = (1 + r.below(64)) * U - r.below(2) * (U / 2);
+            let first = c.candidates(size, 1).first().copied();
+            assert_eq!(c.best_fit(size), first, "size {size}");
+            if live.len() < 300 && r.below(3) != 0 {
+                if let Some(off) = c.alloc(size) {
+                    assert_eq!(Some(off), first);
+                    live.push(off);
+                }
+            } else if !live.is_empty() {
+                let i = r.below(live.len() as u64) as usize;
+                c.free(live.swap_remove(i)).unwrap();
+            }
+        }
+        assert_eq!(c.best_fit(0), None);
         c.check().unwrap();
     }
 
