@@ -546,46 +546,51 @@ fn periodic_plan_program(conf: &str) {
 /// instead of failing on handles the device never made.
 #[test]
 fn replay_plays_trace_streams_on_streams_of_its_own() {
-    let mut csv = String::from("t_us,action,addr,size,stream,site\n");
-    let streams = [0u64, 0x7f00_1234, 0x7f00_5678];
-    let mut t = 0;
-    for round in 0..50u64 {
-        for (i, &s) in streams.iter().enumerate() {
-            let addr = 0x1000_0000 + (i as u64) * 0x100_0000 + (round % 2) * 0x80_0000;
-            let size = (1 + (round % 5)) * MIB;
-            t += 1;
-            csv.push_str(&format!("{t},a,{addr},{size},{s},0\n"));
-            t += 1;
-            csv.push_str(&format!("{t},f,{addr},{size},{s},0\n"));
+    // Three streams, and twenty-one (past the replay's list of sixteen handles, into its map).
+    for n in [3u64, 21] {
+        let mut csv = String::from("t_us,action,addr,size,stream,site\n");
+        let streams: Vec<u64> = (0..n)
+            .map(|i| if i == 0 { 0 } else { 0x7f00_0000 + i * 0x1234 })
+            .collect();
+        let mut t = 0;
+        for round in 0..50u64 {
+            for (i, &s) in streams.iter().enumerate() {
+                let addr = 0x1000_0000 + (i as u64) * 0x100_0000 + (round % 2) * 0x80_0000;
+                let size = (1 + (round % 5)) * MIB;
+                t += 1;
+                csv.push_str(&format!("{t},a,{addr},{size},{s},0\n"));
+                t += 1;
+                csv.push_str(&format!("{t},f,{addr},{size},{s},0\n"));
+            }
         }
-    }
-    let trace = gen_trace::load_bytes("three_streams.csv", csv.as_bytes())
-        .unwrap()
-        .remove(0);
-    let dev = sim(8 * GIB);
-    {
-        let mut eng = EngineReplay::new(pool_on(&dev, Config::default()), "genpool");
-        let r = gen_trace::replay(
-            &trace,
-            &mut eng,
-            &gen_trace::ReplayOptions {
-                passes: 2,
-                ignore_site: false,
-            },
-        )
-        .unwrap();
+        let trace = gen_trace::load_bytes("streams.csv", csv.as_bytes())
+            .unwrap()
+            .remove(0);
+        let dev = sim(8 * GIB);
+        {
+            let mut eng = EngineReplay::new(pool_on(&dev, Config::default()), "genpool");
+            let r = gen_trace::replay(
+                &trace,
+                &mut eng,
+                &gen_trace::ReplayOptions {
+                    passes: 2,
+                    ignore_site: false,
+                },
+            )
+            .unwrap();
+            assert_eq!(
+                dev.outstanding().streams as u64,
+                n - 1,
+                "one device stream per non-default trace stream"
+            );
+            assert!(r.ratio.unwrap() < 1.6, "{n} streams: {:?}", r.ratio);
+        }
         assert_eq!(
             dev.outstanding().streams,
-            2,
-            "one device stream per non-default trace stream"
+            0,
+            "{n} streams: replay streams destroyed with the replay"
         );
-        assert!(r.ratio.unwrap() < 1.6, "{:?}", r.ratio);
     }
-    assert_eq!(
-        dev.outstanding().streams,
-        0,
-        "replay streams destroyed with the replay"
-    );
 }
 
 /// Replay `events[..len]` of `trace` once on a fresh simulated H200; the pool's stats afterwards.
