@@ -274,7 +274,11 @@ impl ExtentArena {
                 // serving trace: the rare fallback lists them again instead.)
                 let best = core.best_fit(rounded)?;
                 if self.region.unbacked_in(best, rounded) == 0 {
-                    return core.alloc_at_stamped(best, rounded);
+                    // Best fit's own cut (the same placement: `ExtentCore::best_fit`), without
+                    // looking up the extent holding it again.
+                    let placed = core.alloc_stamped(rounded);
+                    debug_assert_eq!(placed.map(|(o, _)| o), Some(best));
+                    return placed;
                 }
                 core.candidates(rounded, candidates)
             }
