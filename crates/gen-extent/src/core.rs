@@ -428,22 +428,46 @@ impl ExtentCore {
         let Some(size) = round_size(size) else {
             return Vec::new();
         };
-        let mut fits: Vec<(u64, u64)> = Vec::new();
-        let mut b = bin_of(size / MIN_BLOCK);
-        while fits.len() < k {
-            let Some(nb) = self.next_bin(b) else { break };
-            let at = fits.len();
-            fits.extend(self.bins[nb].iter().filter(|&&(s, _)| s >= size));
-            fits[at..].sort_unstable();
-            b = nb + 1;
-        }
-        fits.truncate(k);
-        let mut out = Vec::with_capacity(2 * fits.len());
-        for (ext_size, off) in fits {
+        let mut out = Vec::with_capacity(2 * k);
+        let mut place = |(ext_size, off): (u64, u64)| {
             out.push(off);
             if ext_size > size {
                 out.push(off + ext_size - size);
             }
+        };
+        // Bins in size order; within one, its fitting extents in `(size, offset)` order: a flat bin's
+        // (at most `TREE_AT`) sorted on the stack, an ordered bin's read in order — no list of every
+        // fitting extent built and sorted, no boxed iterator (this runs on the shared arena's
+        // allocations whose best fit needs new pages).
+        let mut need = k;
+        let mut b = bin_of(size / MIN_BLOCK);
+        while need > 0 {
+            let Some(nb) = self.next_bin(b) else { break };
+            match &self.bins[nb] {
+                Bin::Flat(v) => {
+                    let mut fits = [(0u64, 0u64); TREE_AT];
+                    let mut n = 0;
+                    for &e in v.iter().filter(|&&(s, _)| s >= size) {
+                        fits[n] = e;
+                        n += 1;
+                    }
+                    let fits = &mut fits[..n];
+                    fits.sort_unstable();
+                    for &e in fits.iter().take(need) {
+                        place(e);
+                    }
+                    need -= n.min(need);
+                }
+                Bin::Tree(t) => {
+                    let before = need;
+                    for &e in t.range((size, 0)..).take(need) {
+                        place(e);
+                        need -= 1;
+                    }
+                    debug_assert!(need < before || t.range((size, 0)..).next().is_none());
+                }
+            }
+            b = nb + 1;
         }
         out
     }
@@ -835,6 +859,56 @@ mod tests {
         }
         assert_eq!(c.best_fit(0), None);
         c.check().unwrap();
+    }
+
+    /// `candidates` lists what listing every fitting extent of each bin, sorted, would (the form it
+    /// replaced), for every `k`, over random layouts whose bins go flat and ordered (`TREE_AT` is 4 in
+    /// tests).
+    #[test]
+    fn candidates_match_the_sorted_list_of_fitting_extents() {
+        fn reference(c: &ExtentCore, size: u64, k: usize) -> Vec<u64> {
+            let size = round_size(size).unwrap();
+            let mut fits: Vec<(u64, u64)> = Vec::new();
+            let mut b = bin_of(size / MIN_BLOCK);
+            while fits.len() < k {
+                let Some(nb) = c.next_bin(b) else { break };
+                let at = fits.len();
+                fits.extend(c.bins[nb].iter().filter(|&&(s, _)| s >= size));
+                fits[at..].sort_unstable();
+                b = nb + 1;
+            }
+            fits.truncate(k);
+            let mut out = Vec::new();
+            for (ext, off) in fits {
+                out.push(off);
+                if ext > size {
+                    out.push(off + ext - size);
+                }
+            }
+            out
+        }
+        let mut r = Rng(0x2545_f491_4f6c_dd1d);
+        let mut c = ExtentCore::new(8192 * U);
+        let mut live = Vec::new();
+        let rounds = if cfg!(miri) { 100 } else { 10_000 };
+        for _ in 0..rounds {
+            let size = (1 + r.below(40)) * U;
+            for k in [1, 2, 4, 9] {
+                assert_eq!(
+                    c.candidates(size, k),
+                    reference(&c, size, k),
+                    "k {k} size {size}"
+                );
+            }
+            if live.len() < 400 && r.below(2) == 0 {
+                if let Some(off) = c.alloc(size) {
+                    live.push(off);
+                }
+            } else if !live.is_empty() {
+                let i = r.below(live.len() as u64) as usize;
+                c.free(live.swap_remove(i)).unwrap();
+            }
+        }
     }
 
     #[test]
