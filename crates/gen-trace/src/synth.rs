@@ -30,11 +30,14 @@ pub fn shape(name: &str) -> Option<Trace> {
     Some(b.finish(name).expect("a synthetic trace is consistent"))
 }
 
-/// SplitMix64: a small, fixed generator (the traces must not change with a dependency's version).
-struct Rng(u64);
+/// SplitMix64: a small, fixed generator (the traces must not change with a dependency's version);
+/// public for tests that need a seeded stream of numbers.
+#[derive(Clone, Debug)]
+pub struct Rng(pub u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -42,18 +45,23 @@ impl Rng {
         z ^ (z >> 31)
     }
 
-    /// Uniform in `lo..=hi`.
+    /// Uniform in `0..n` (`n > 0`; multiply-high, no modulo bias).
+    pub fn below(&mut self, n: u64) -> u64 {
+        ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
+    }
+
+    /// In `lo..=hi` (modulo: what the shapes were generated with).
     fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
+        lo + self.next_u64() % (hi - lo + 1)
     }
 
     /// Uniform in `[0, 1)`.
     fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 
     fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
-        xs[(self.next() % xs.len() as u64) as usize]
+        xs[(self.next_u64() % xs.len() as u64) as usize]
     }
 }
 
@@ -114,7 +122,7 @@ fn serve8(seed: u64) -> Build {
     let streams: Vec<u64> = (0..8).map(|i| 1000 + i).collect();
     let mut held: Vec<Vec<u64>> = vec![Vec::new(); streams.len()];
     for _ in 0..3000 {
-        let i = (r.next() % streams.len() as u64) as usize;
+        let i = (r.next_u64() % streams.len() as u64) as usize;
         let s = streams[i];
         if !held[i].is_empty() && r.unit() < 0.3 {
             for x in std::mem::take(&mut held[i]) {
@@ -173,7 +181,7 @@ fn random_sizes(seed: u64) -> Build {
     let mut live: Vec<u64> = Vec::new();
     for _ in 0..60_000 {
         if !live.is_empty() && (r.unit() < 0.5 || live.len() > 400) {
-            let i = (r.next() % live.len() as u64) as usize;
+            let i = (r.next_u64() % live.len() as u64) as usize;
             let x = live.swap_remove(i);
             t.free(x, None);
         } else {

@@ -38,6 +38,8 @@ use std::sync::{Arc, OnceLock};
 use gen_device::sim::SimDevice;
 use gen_device::{Device, StreamId};
 use gen_trace::{EventKind, Trace};
+// The mutations' source of randomness: splitmix64, gen-trace's (proptest draws its seed).
+use gen_trace::synth::Rng;
 use genpool::{Block, Config, Hint, Pool, ALIGN};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PtConfig, TestCaseError, TestRunner};
@@ -173,24 +175,9 @@ fn case_strategy(traces: std::ops::Range<usize>, confs: usize) -> impl Strategy<
         )
 }
 
-/// splitmix64: the mutations' source of randomness (proptest draws its seed).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    /// Uniform in `0..n` (`n > 0`).
-    fn below(&mut self, n: u64) -> u64 {
-        ((u128::from(self.next()) * u128::from(n)) >> 64) as u64
-    }
-    fn percent(&mut self, pct: u8) -> bool {
-        self.below(100) < u64::from(pct)
-    }
+/// A draw that comes true `pct` times in a hundred.
+fn percent(rng: &mut Rng, pct: u8) -> bool {
+    rng.below(100) < u64::from(pct)
 }
 
 /// One engine call of a mutated slice; `id` numbers the slice's blocks.
@@ -240,7 +227,7 @@ impl Builder<'_> {
             self.rng.below(u64::from(c.streams)) as u8
         };
         self.blocks.push((stream, key));
-        let size = if self.rng.percent(c.scale_pct) {
+        let size = if percent(&mut self.rng, c.scale_pct) {
             // ×2^u, u uniform in [-1, 1]: ×0.5 ..= ×2.
             let f = ((self.rng.below(2001) as f64 - 1000.0) / 1000.0).exp2();
             ((e.size as f64 * f) as u64).max(1)
@@ -264,7 +251,7 @@ impl Builder<'_> {
         let c = self.c;
         let id = self.ids[&a];
         let (mut stream, alloc_key) = self.blocks[id as usize];
-        if self.rng.percent(c.cross_pct) {
+        if percent(&mut self.rng, c.cross_pct) {
             stream = (stream + 1 + self.rng.below(2) as u8) % 3;
         }
         let w = i64::from(c.window);
