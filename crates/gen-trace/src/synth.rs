@@ -225,6 +225,10 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "builds ~600 000 events twice: hours under Miri, and no unsafe code to check"
+    )]
     fn every_shape_is_a_valid_deterministic_trace() {
         for name in SHAPES {
             let a = shape(name).unwrap();
