@@ -125,6 +125,7 @@ pub struct SimConfig {
     backed: bool,
     address_offset: u64,
     adopt_streams: bool,
+    map_latency: std::time::Duration,
 }
 
 impl Default for SimConfig {
@@ -137,6 +138,7 @@ impl Default for SimConfig {
             backed: false,
             address_offset: 0,
             adopt_streams: false,
+            map_latency: std::time::Duration::ZERO,
         }
     }
 }
@@ -183,6 +185,14 @@ impl SimConfig {
     /// [`Device::stream_create`] never hands out a handle already taken.
     pub fn adopt_streams(mut self, on: bool) -> Self {
         self.adopt_streams = on;
+        self
+    }
+    /// Host time each page map takes (default none; the CUDA driver's `cuMemMap` + `cuMemSetAccess`
+    /// take ~25 µs a page on an H200): spent spinning, outside the device's lock, so that what the
+    /// engine decides from the time its page moves take (the move budget) is decided as on a GPU,
+    /// whatever the speed of the build running it.
+    pub fn map_latency(mut self, latency: std::time::Duration) -> Self {
+        self.map_latency = latency;
         self
     }
     /// Build the device; `InvalidArgument` if the granularity is not a power of two ≥ 4 KiB or no larger
@@ -994,6 +1004,7 @@ impl State {
 pub struct SimDevice {
     props: DeviceProps,
     backed: bool,
+    map_latency: std::time::Duration,
     state: Mutex<State>,
     captures: Captures,
 }
@@ -1036,6 +1047,7 @@ impl SimDevice {
                 supports_pools: true,
             },
             backed: c.backed,
+            map_latency: c.map_latency,
             state: Mutex::new(State::new(c.capacity, c.address_offset, c.adopt_streams)),
             captures: Captures::new(),
         }
@@ -1484,6 +1496,12 @@ impl Device for SimDevice {
 
     fn map(&self, va: DevicePtr, bytes: u64, handle: PhysHandle) -> Result<()> {
         let call = CallKind::Map.name();
+        if !self.map_latency.is_zero() {
+            let t0 = std::time::Instant::now();
+            while t0.elapsed() < self.map_latency {
+                std::hint::spin_loop();
+            }
+        }
         let mut st = self.state.lock();
         st.enter(CallKind::Map, None)?;
         self.check_gran(call, "size", bytes)?;

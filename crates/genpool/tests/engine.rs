@@ -666,8 +666,17 @@ fn iteration_marks_grow_page_headroom_until_moves_stop() {
     // Two iteration shapes in turn (as with random sequence lengths): blocks a, b, then c after a is
     // freed. With a = 48 MiB, b = 16 MiB, c fits in a's hole; with a = 16 MiB, b = 48 MiB it lands past
     // b, on pages the other shape left free at the low end: at slack 0, pages move every iteration.
+    // The budget weighs the time moves take against an iteration's: each page map costs the
+    // simulated device 30 µs (a GPU's order), so the moves outweigh the rest of an iteration by far in
+    // any build — the decisions below do not depend on how fast the test's own code runs.
     let run = |conf: &str, marks: bool| {
-        let dev = sim(8 * GIB);
+        let dev = Arc::new(
+            SimDevice::config()
+                .capacity(8 * GIB)
+                .map_latency(std::time::Duration::from_micros(30))
+                .build()
+                .unwrap(),
+        );
         let pool = pool_on(&dev, Config::parse(conf).unwrap());
         let keep = pool.alloc(64 * MIB, 0, Hint::default()).unwrap();
         let mut moves = Vec::new();
@@ -706,8 +715,8 @@ fn iteration_marks_grow_page_headroom_until_moves_stop() {
         "plan:false,page_slack_max:0.2,experimental.page_keep_old_mappings:false",
         true,
     );
-    // Growth follows the overshoot: here moves are a large share of an iteration's time (no device
-    // work), so the first growth is more than half a percent (up to four budgets' worth, 2 %).
+    // Growth follows the overshoot: here moves are most of an iteration's time (no device work), so
+    // the first growth is more than half a percent (up to four budgets' worth, 2 %).
     let first = slacks
         .iter()
         .copied()

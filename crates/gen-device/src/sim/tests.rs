@@ -1098,3 +1098,25 @@ fn a_stream_handle_not_made_here_is_refused_unless_adopted() {
         "stream_create handed out {made:#x}"
     );
 }
+
+#[test]
+fn map_latency_is_spent_on_each_page_map() {
+    let lat = std::time::Duration::from_millis(2);
+    let d = SimDevice::config().map_latency(lat).build().unwrap();
+    let g = d.props().vmm_granularity;
+    let va = d.va_reserve(4 * g, g).unwrap();
+    let hs: Vec<PhysHandle> = (0..3).map(|_| d.phys_create(g).unwrap()).collect();
+    let t0 = std::time::Instant::now();
+    d.map_run(va, g, &hs).unwrap();
+    assert!(
+        t0.elapsed() >= 3 * lat,
+        "three pages, three latencies: {:?}",
+        t0.elapsed()
+    );
+    // Unmapped and released as any mapping.
+    d.unmap(va, 3 * g).unwrap();
+    for h in hs {
+        d.phys_release(h).unwrap();
+    }
+    assert_eq!(d.outstanding().mappings, 0);
+}
