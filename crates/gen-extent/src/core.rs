@@ -459,12 +459,10 @@ impl ExtentCore {
                     need -= n.min(need);
                 }
                 Bin::Tree(t) => {
-                    let before = need;
                     for &e in t.range((size, 0)..).take(need) {
                         place(e);
                         need -= 1;
                     }
-                    debug_assert!(need < before || t.range((size, 0)..).next().is_none());
                 }
             }
             b = nb + 1;

@@ -416,11 +416,10 @@ impl ExtentArena {
         let live = g.live;
         if let Some(o) = g.old.as_deref_mut() {
             o.survivors.allocated(live);
-        }
-        if let Some(o) = g.old.as_deref().filter(|o| off >= o.at) {
-            let live = o.core.live_bytes();
-            g.old_allocs += 1;
-            g.old_peak_live = g.old_peak_live.max(live);
+            if off >= o.at {
+                g.old_allocs += 1;
+                g.old_peak_live = g.old_peak_live.max(o.core.live_bytes());
+            }
         }
         Ok(())
     }
