@@ -34,13 +34,15 @@ tag_runs() {
   sed "s/^{/{\"v\":\"$1\",\"round\":$2,/"
 }
 # The engine's CUDA replay of two builds taking turns trace by trace (hosts drift): `replay_turns ROUNDS
-# "TRACE..." NAME1=BIN1 NAME2=BIN2` (trace names under benches/traces, binaries under $G/bin), 3 passes a
-# run, one JSON line a run tagged with its build ("v") and round, to $OUT/cli.jsonl (ab_table.py reads it).
+# "TRACE..." NAME1=BIN1 NAME2=BIN2` (trace names under benches/traces, or paths without `.csv.gz` — a
+# `genpool synth` shape, say; binaries under $G/bin), 3 passes a run, one JSON line a run tagged with its
+# build ("v") and round, to $OUT/cli.jsonl (ab_table.py reads it).
 replay_turns() {
-  local rounds=$1 traces=$2 r t vb
+  local rounds=$1 traces=$2 r t f vb
   shift 2
   for r in $(seq "$rounds"); do for t in $traces; do for vb in "$@"; do
-    timeout 40 "$G"/bin/"${vb#*=}" replay benches/traces/$t.csv.gz --device cuda --passes 3 --json 2>> "$OUT/cli.err" |
+    f=benches/traces/$t.csv.gz; [[ $t == */* ]] && f=$t.csv.gz
+    timeout 40 "$G"/bin/"${vb#*=}" replay "$f" --device cuda --passes 3 --json 2>> "$OUT/cli.err" |
       tag_runs "${vb%%=*}" "$r" >> "$OUT/cli.jsonl"
   done; done; done
 }

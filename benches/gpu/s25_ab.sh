@@ -2,8 +2,10 @@
 # Session 25: the multi-stream path's host work before (`genpool_base`, .gpu/base/libgenpool_torch.so:
 # the session's start, f39948b) and after (best fit's placement with no list built, its own cut, the
 # replay's stream list), taking turns: the engine's CUDA replay of the multi-stream traces (3 passes,
-# ROUNDS rounds) and PyTorch's entry points (torch_replay.py, genpool with either library, 4 reps) on
-# serve8 (`genpool synth`) and bert_serve_4streams. Logs under $OUT; the tables last.
+# ROUNDS rounds, env.sh's replay_turns), then PyTorch's entry points (torch_replay.py, genpool with either
+# library, 4 reps, ROUNDS rounds) on serve8 (`genpool synth`) and bert_serve_4streams. (Session 25's call 3
+# ran each replay round before the same round's PyTorch runs, with its own copy of the replay loop.)
+# Logs under $OUT; the tables last.
 set -uo pipefail
 STEPS_DEFAULT=ab
 . "$(dirname "$0")/env.sh"
@@ -11,14 +13,8 @@ machine_info
 SYNTH=/tmp/synth
 "$G"/bin/genpool synth "$SYNTH" serve8 > "$OUT/synth.txt" 2>&1
 R=${ROUNDS:-2}
+replay_turns "$R" "bert_serve_4streams gpt2_prefetch resnet_copy_overlap $SYNTH/serve8" base=genpool_base new=genpool
 for r in $(seq "$R"); do
-  for t in bert_serve_4streams gpt2_prefetch resnet_copy_overlap "$SYNTH/serve8"; do
-    f=benches/traces/$t.csv.gz; [[ $t == /* ]] && f=$t.csv.gz
-    for vb in base=genpool_base new=genpool; do
-      timeout 60 "$G"/bin/"${vb#*=}" replay "$f" --device cuda --passes 3 --json 2>> "$OUT/cli.err" |
-        tag_runs "${vb%%=*}" "$r" >> "$OUT/cli.jsonl"
-    done
-  done
   for t in "$SYNTH/serve8.csv.gz" benches/traces/bert_serve_4streams.csv.gz; do
     for vb in base="$PWD/$G/base/libgenpool_torch.so" new="$PWD/$G/bin/libgenpool_torch.so"; do
       GENPOOL_LIB="${vb#*=}" timeout 120 python3 benches/gpu/torch_replay.py "$t" --modes genpool --reps 4 \
