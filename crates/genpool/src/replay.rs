@@ -22,22 +22,18 @@ pub struct EngineReplay {
     streams: Streams,
 }
 
-/// The replay's streams by trace handle; destroyed after the pool is gone. The first [`FEW`] handles
-/// are looked up in a list, the rest in a map (with std's SipHash the lookup was ~140 instructions of
-/// every operation of a multi-stream replay, with gen-device's `u64` hasher ~57, with the list ~10).
+/// The replay's streams by trace handle; destroyed after the pool is gone. (gen-device's `u64` hasher:
+/// with std's SipHash the lookup was ~140 instructions of every operation of a multi-stream replay, with
+/// this one ~57; a list of the first sixteen handles in front of it saved ~10 more and was not kept.)
 #[derive(Debug)]
 struct Streams {
     device: Arc<dyn Device>,
-    few: Vec<(u64, StreamId)>,
     by_handle: U64Map<StreamId>,
 }
 
-/// How many stream handles [`Streams`] keeps in its list.
-const FEW: usize = 16;
-
 impl Drop for Streams {
     fn drop(&mut self) {
-        for (_, s) in self.few.drain(..).chain(self.by_handle.drain()) {
+        for (_, s) in self.by_handle.drain() {
             if let Err(e) = self.device.stream_destroy(s) {
                 log::warn!("genpool replay: destroying a replay stream: {e}");
             }
@@ -54,7 +50,6 @@ impl EngineReplay {
             name: name.into(),
             streams: Streams {
                 device,
-                few: Vec::with_capacity(FEW),
                 by_handle: U64Map::default(),
             },
         }
@@ -64,9 +59,6 @@ impl EngineReplay {
     fn stream(&mut self, handle: u64) -> Result<StreamId, ReplayError> {
         if handle == 0 {
             return Ok(0);
-        }
-        if let Some(&(_, s)) = self.streams.few.iter().find(|&&(h, _)| h == handle) {
-            return Ok(s);
         }
         if let Some(&s) = self.streams.by_handle.get(&handle) {
             return Ok(s);
@@ -78,11 +70,7 @@ impl EngineReplay {
             .map_err(|e| ReplayError::Allocator {
                 message: format!("creating a stream for trace stream {handle:#x}: {e}"),
             })?;
-        if self.streams.few.len() < FEW {
-            self.streams.few.push((handle, s));
-        } else {
-            self.streams.by_handle.insert(handle, s);
-        }
+        self.streams.by_handle.insert(handle, s);
         Ok(s)
     }
 

@@ -546,7 +546,7 @@ fn periodic_plan_program(conf: &str) {
 /// instead of failing on handles the device never made.
 #[test]
 fn replay_plays_trace_streams_on_streams_of_its_own() {
-    // Three streams, and twenty-one (past the replay's list of sixteen handles, into its map).
+    // Three streams, and twenty-one.
     for n in [3u64, 21] {
         let mut csv = String::from("t_us,action,addr,size,stream,site\n");
         let streams: Vec<u64> = (0..n)
