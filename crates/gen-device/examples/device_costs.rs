@@ -98,10 +98,104 @@ fn main() -> Result<()> {
         Ok(())
     })? / RUN as f64;
     println!("map_run + unmap per page, {RUN} pages: {ns:.0} ns per page");
+    // Where a move's time goes (session 26): the map (with its access call) and the unmap timed apart,
+    // a page at a time and as a run; the unmap of an alias (the page still mapped at another address, as
+    // the page pool leaves an old mapping); an unmap with work queued on the device (does the driver
+    // wait for it?); and a map on this thread while another thread unmaps (do they serialize?).
+    d.va_release(run_va, RUN * g)?;
+    let run_va = d.va_reserve(2 * RUN * g, 0)?;
+    let split = |pages: u64, alias: bool| -> Result<(f64, f64)> {
+        let (mut tm, mut tu) = (Vec::new(), Vec::new());
+        for _ in 0..5 {
+            let (mut m, mut u) = (0u128, 0u128);
+            for _ in 0..(iters / 200 + 1) {
+                let t = Instant::now();
+                d.map_run(run_va, g, &hs[..pages as usize])?;
+                m += t.elapsed().as_nanos();
+                if alias {
+                    d.map_run(run_va + RUN * g, g, &hs[..pages as usize])?;
+                }
+                let t = Instant::now();
+                d.unmap(run_va, pages * g)?;
+                u += t.elapsed().as_nanos();
+                if alias {
+                    d.unmap(run_va + RUN * g, pages * g)?;
+                }
+            }
+            let n = ((iters / 200 + 1) * pages) as f64;
+            tm.push(m as f64 / n);
+            tu.push(u as f64 / n);
+        }
+        tm.sort_by(f64::total_cmp);
+        tu.sort_by(f64::total_cmp);
+        Ok((tm[2], tu[2]))
+    };
+    for (pages, alias) in [(1, false), (RUN, false), (1, true), (RUN, true)] {
+        let (m, u) = split(pages, alias)?;
+        let what = if alias {
+            "the page also mapped elsewhere"
+        } else {
+            "sole mapping"
+        };
+        println!(
+            "split, {pages} page(s), {what}: map {m:.0} ns per page, unmap {u:.0} ns per page"
+        );
+    }
+    // Unmap with the device busy: 16 x 64 MiB memsets queued on `s` into pages mapped at the run's
+    // second half, then an unmap of the first half (nothing queued uses it).
+    d.map_run(run_va + RUN * g, g, &hs)?;
+    let mut busy = Vec::new();
+    for _ in 0..5 {
+        d.map_run(run_va, g, &hs[..1])?;
+        for _ in 0..16 {
+            d.memset_async(run_va + RUN * g, 0, RUN * g, s)?;
+        }
+        let t = Instant::now();
+        d.unmap(run_va, g)?;
+        busy.push(t.elapsed().as_nanos() as f64);
+        let t = Instant::now();
+        d.synchronize()?;
+        let left = t.elapsed().as_nanos() as f64;
+        let ns = busy.last().copied().unwrap_or(0.0);
+        println!(
+            "unmap with 16 x {} MiB memsets queued: {ns:.0} ns (work left after it: {left:.0} ns)",
+            (RUN * g) >> 20
+        );
+    }
+    d.unmap(run_va + RUN * g, RUN * g)?;
+    // A map here while a helper thread unmaps pages of another range.
+    {
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let other = d.va_reserve(RUN * g, 0)?;
+        let extra: Vec<_> = (0..RUN).map(|_| d.phys_create(g)).collect::<Result<_>>()?;
+        let (m, u) = std::thread::scope(|sc| -> Result<(f64, f64)> {
+            let helper = sc.spawn(|| -> Result<u64> {
+                let mut n = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    d.map_run(other, g, &extra)?;
+                    d.unmap(other, RUN * g)?;
+                    n += 1;
+                }
+                Ok(n)
+            });
+            let r = split(1, false);
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let n = helper.join().expect("helper thread")?;
+            println!("  (helper thread: {n} runs of {RUN} maps + unmaps meanwhile)");
+            r
+        })?;
+        println!(
+            "split, 1 page, while another thread maps and unmaps: map {m:.0} ns, unmap {u:.0} ns"
+        );
+        for h in extra {
+            d.phys_release(h)?;
+        }
+        d.va_release(other, RUN * g)?;
+    }
     for h in hs {
         d.phys_release(h)?;
     }
-    d.va_release(run_va, RUN * g)?;
+    d.va_release(run_va, 2 * RUN * g)?;
     let mut sink = 0u64;
     let ns = median_ns(5, iters, || {
         sink = sink.wrapping_add(d.reserved().current);

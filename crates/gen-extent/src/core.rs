@@ -18,6 +18,7 @@ use std::collections::BTreeSet;
 
 use gen_vmm::Stamp;
 
+use crate::pieces::{Pieces, StampTable};
 use crate::tags::Tags;
 
 /// Allocation granularity and alignment: blocks start at multiples of 512 B, sizes round up to 512 B.
@@ -181,9 +182,9 @@ pub struct ExtentCore {
     free_count: usize,
     live_count: usize,
     live_bytes: u64,
-    /// With [`keep_stamps`](Self::keep_stamps): each free extent's [`Stamp`] (keyed like its start tag;
-    /// none kept for [`Stamp::NONE`]).
-    stamps: Option<Tags>,
+    /// With [`keep_stamps`](Self::keep_stamps): each free extent's stamps, piece by piece ([`Pieces`],
+    /// keyed by the extent's start; none kept for an extent no stamped free touched).
+    stamps: Option<StampTable>,
     /// The end of the highest block ever allocated: nothing past it was ever used.
     high: u64,
     /// Lowest-address first fit instead of best fit (a linear scan: for experiments).
@@ -231,7 +232,7 @@ impl ExtentCore {
     /// left of that extent keeps it. Extents freed before carry [`Stamp::NONE`].
     pub fn keep_stamps(&mut self) {
         if self.stamps.is_none() {
-            self.stamps = Some(Tags::new());
+            self.stamps = Some(StampTable::new());
         }
     }
 
@@ -264,18 +265,20 @@ impl ExtentCore {
         (v & HAS_BIRTH != 0).then(|| self.clock.wrapping_sub(v >> BIRTH_SHIFT) & BIRTH_MASK)
     }
 
+    /// The stamps of the free extent at `off`, taken out (one unstamped piece where none are kept).
     #[inline]
-    fn take_stamp(&mut self, off: u64) -> Stamp {
+    fn take_stamps(&mut self, off: u64) -> Pieces {
         match &mut self.stamps {
-            Some(t) => Stamp::from_bits(t.remove(off | START).unwrap_or(0)),
-            None => Stamp::NONE,
+            Some(t) => t.take(off, off | START),
+            None => Pieces::one(off, Stamp::NONE),
         }
     }
 
+    /// Keep `pieces` as the stamps of the free extent they start.
     #[inline]
-    fn put_stamp(&mut self, off: u64, stamp: Stamp) {
-        if let (Some(t), false) = (&mut self.stamps, stamp.is_none()) {
-            t.insert(off | START, stamp.bits());
+    fn put_stamps(&mut self, pieces: Pieces) {
+        if let Some(t) = &mut self.stamps {
+            t.put(pieces, pieces.start() | START);
         }
     }
 
@@ -296,7 +299,7 @@ impl ExtentCore {
             return Stamp::NONE;
         };
         match self.free_extent_holding(offset, offset.saturating_add(size)) {
-            Some((start, _)) => Stamp::from_bits(stamps.get(start | START).unwrap_or(0)),
+            Some((start, _)) => stamps.over(start | START, offset, offset.saturating_add(size)),
             None => Stamp::NONE,
         }
     }
@@ -392,7 +395,13 @@ impl ExtentCore {
             (s, o)
         };
         self.free_count -= 1;
-        let stamp = self.take_stamp(off);
+        let stamp = match &mut self.stamps {
+            Some(t) => {
+                let rest = (ext_size > size).then_some((off + size) | START);
+                t.cut_front(off | START, off, off + size, rest)
+            }
+            None => Stamp::NONE,
+        };
         // The start tag turns live in place; the remainder gets a start tag and takes over the end tag.
         let tag = self.live_tag(size);
         self.tags.insert(off | START, tag);
@@ -403,7 +412,6 @@ impl ExtentCore {
             self.tags.insert((off + ext_size) | END, rest);
             self.bin(rest, ext_size - size);
             self.free_count += 1;
-            self.put_stamp(rest, stamp);
         } else {
             self.tags.remove((off + ext_size) | END);
         }
@@ -499,14 +507,15 @@ impl ExtentCore {
         }
         let (ext_off, ext_size) = self.free_extent_holding(offset, end)?;
         self.remove_free(ext_off, ext_size);
-        let stamp = self.take_stamp(ext_off);
+        let pieces = self.take_stamps(ext_off);
+        let stamp = pieces.over(offset, end);
         if offset > ext_off {
             self.insert_free(ext_off, offset - ext_off);
-            self.put_stamp(ext_off, stamp);
+            self.put_stamps(pieces.below(offset));
         }
         if ext_off + ext_size > end {
             self.insert_free(end, ext_off + ext_size - end);
-            self.put_stamp(end, stamp);
+            self.put_stamps(pieces.from(end));
         }
         let tag = self.live_tag(size);
         self.tags.insert(offset | START, tag);
@@ -548,7 +557,8 @@ impl ExtentCore {
     pub fn free_aged(&mut self, offset: u64, stamp: Stamp) -> Option<(u64, Option<u64>)> {
         let tag = self.live_tag_at(offset)?;
         let (size, age) = (live_size(tag), self.age_of(tag));
-        let mut stamp = stamp;
+        // Only a range that keeps stamps builds the freed extent's pieces.
+        let mut pieces = self.stamps.is_some().then(|| Pieces::one(offset, stamp));
         self.live_count -= 1;
         self.live_bytes -= size;
         let (mut start, mut end) = (offset, offset + size);
@@ -558,21 +568,27 @@ impl ExtentCore {
             self.free_count -= 1;
             self.tags.remove(offset | START);
             start = p_off;
-            stamp = stamp.merge(self.take_stamp(p_off));
+            if let Some(p) = &mut pieces {
+                *p = self.take_stamps(p_off).join(p);
+            }
         }
         if let Some(v) = self.tags.get(end | START).filter(|v| v & FREE != 0) {
             let n_size = v >> 1;
             self.unbin(end, n_size);
             self.free_count -= 1;
             self.tags.remove(end | START);
-            stamp = stamp.merge(self.take_stamp(end));
+            if let Some(p) = &mut pieces {
+                *p = p.join(&self.take_stamps(end));
+            }
             end += n_size;
         }
         self.tags.insert(start | START, ((end - start) << 1) | FREE);
         self.tags.insert(end | END, start);
         self.bin(start, end - start);
         self.free_count += 1;
-        self.put_stamp(start, stamp);
+        if let Some(p) = pieces {
+            self.put_stamps(p);
+        }
         Some((size, age))
     }
 
@@ -706,11 +722,16 @@ impl ExtentCore {
             return Err("live byte count out of sync".into());
         }
         if let Some(stamps) = &self.stamps {
-            for (k, v) in stamps.iter() {
-                let off = k & !(MIN_BLOCK - 1);
-                if v == 0 || !frees.iter().any(|&(o, _)| o == off) {
-                    return Err(format!("a stamp at {off:#x}, not a free extent's start"));
+            for (key, p) in stamps.all()? {
+                let off = key & !(MIN_BLOCK - 1);
+                let Some(&(_, size)) = frees.iter().find(|&&(o, _)| o == off) else {
+                    return Err(format!("stamps at {off:#x}, not a free extent's start"));
+                };
+                if p.is_none() {
+                    return Err(format!("unstamped pieces kept at {off:#x}"));
                 }
+                p.check(off, off + size)
+                    .map_err(|e| format!("stamps of the free extent at {off:#x}: {e}"))?;
             }
         }
         let mut all = frees;
@@ -754,9 +775,10 @@ mod tests {
 
     const U: u64 = MIN_BLOCK;
 
-    /// Stamps stay on the free extents: carried by what is left of a split extent, merged when extents
-    /// coalesce, returned with the block cut from them; bytes past the highest block ever allocated
-    /// carry none whatever the extent there says.
+    /// Stamps stay on the free extents, piece by piece: carried by what is left of a split extent, kept
+    /// apart when extents coalesce (a block cut from a coalesced extent is ordered after the frees of
+    /// its own bytes only), returned with the block cut from them; bytes past the highest block ever
+    /// allocated carry none whatever the extent there says.
     #[test]
     fn stamps_follow_the_free_extents() {
         let (s1, s2) = (
@@ -774,19 +796,34 @@ mod tests {
         c.free_stamped(b, s2);
         let both = s1.merge(s2);
         assert_eq!(both.bits(), (3 << 48) | 9, "both freers, the later time");
-        assert_eq!(c.free_stamp(2 * U, 6 * U), both, "coalesced");
-        assert_eq!(c.alloc_at_stamped(4 * U, U), Some((4 * U, both)));
-        assert_eq!(c.free_stamp(2 * U, 2 * U), both, "left piece");
-        assert_eq!(c.free_stamp(5 * U, 3 * U), both, "right piece");
+        assert_eq!(c.free_stamp(2 * U, 6 * U), both, "coalesced, both pieces");
+        assert_eq!(c.free_stamp(2 * U, 2 * U), s1, "coalesced, a's bytes");
+        assert_eq!(c.free_stamp(4 * U, 4 * U), s2, "coalesced, b's bytes");
+        assert_eq!(
+            c.alloc_at_stamped(4 * U, U),
+            Some((4 * U, s2)),
+            "b's bytes only"
+        );
+        assert_eq!(c.free_stamp(2 * U, 2 * U), s1, "left piece");
+        assert_eq!(c.free_stamp(5 * U, 3 * U), s2, "right piece");
         c.check().unwrap();
-        // A plain free joins a stamped neighbour: the neighbour's stamp stays.
-        c.free(4 * U).unwrap();
-        assert_eq!(c.free_stamp(2 * U, 6 * U), both);
-        // Everything freed: one extent, stamped; but past the highest block nothing was ever used.
+        // Best fit across two pieces: both stamps; what is left keeps the second's.
+        c.free_stamped(4 * U, s1).unwrap();
+        assert_eq!(c.free_stamp(2 * U, 3 * U), s1, "one piece again");
+        assert_eq!(c.alloc_stamped(4 * U), Some((2 * U, both)));
+        assert_eq!(c.free_stamp(6 * U, 2 * U), s2);
+        c.check().unwrap();
+        // A plain free joins stamped neighbours: their stamps stay on their bytes, none on its own.
+        c.free(2 * U).unwrap();
+        assert_eq!(c.free_stamp(2 * U, 4 * U), Stamp::NONE);
+        assert_eq!(c.free_stamp(2 * U, 6 * U), s2);
+        // Everything freed: one extent, stamped where stamped frees were; but past the highest block
+        // nothing was ever used.
         c.free(0).unwrap();
         c.free_stamped(9 * U - U, s2).unwrap();
         assert_eq!(c.free_ranges(), vec![(0, 64 * U)]);
-        assert_eq!(c.free_stamp(0, U), both);
+        assert_eq!(c.free_stamp(0, U), Stamp::NONE);
+        assert_eq!(c.free_stamp(0, 64 * U), s2);
         assert_eq!(c.alloc_unused(2 * U), Some((9 * U, Stamp::NONE)));
         c.check().unwrap();
         // Without stamps kept, everything reads NONE.
@@ -805,6 +842,79 @@ mod tests {
             self.0 ^= self.0 >> 27;
             self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
         }
+    }
+
+    /// Random frees with random stamps, allocations best fit and at either end of a candidate extent:
+    /// every block's stamp names each freer of each of its bytes since they were last allocated, no
+    /// earlier than that free (the ordering is safe however pieces merge), and the core's invariants
+    /// hold throughout. A model keeps each 512-byte unit's stamp.
+    #[test]
+    fn piecewise_stamps_name_every_freer_of_a_blocks_bytes() {
+        const UNITS: u64 = 256;
+        let (mut named, mut exact) = (0u32, 0u32);
+        // Miri runs three programs of twenty (CI's budget).
+        let seeds: u64 = if cfg!(miri) { 3 } else { 20 };
+        for seed in 1..=seeds {
+            let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+            let mut c = ExtentCore::new(UNITS * U);
+            c.keep_stamps();
+            let mut unit = vec![Stamp::NONE; UNITS as usize];
+            let mut live: Vec<(u64, u64)> = Vec::new();
+            let mut seq = 0u64;
+            let (mut merged_waits, mut exact_waits) = (0u32, 0u32);
+            for _ in 0..400 {
+                if live.is_empty() || rng.below(100) < 55 {
+                    let size = (1 + rng.below(12)) * U;
+                    let got = if rng.below(3) == 0 {
+                        let cands = c.candidates(size, 4);
+                        if cands.is_empty() {
+                            None
+                        } else {
+                            let at = cands[rng.below(cands.len() as u64) as usize];
+                            c.alloc_at_stamped(at, size)
+                        }
+                    } else {
+                        c.alloc_stamped(size)
+                    };
+                    let Some((off, stamp)) = got else { continue };
+                    let mut want = Stamp::NONE;
+                    for u in off / U..(off + size) / U {
+                        want = want.merge(unit[u as usize]);
+                        unit[u as usize] = Stamp::NONE;
+                    }
+                    assert_eq!(
+                        stamp.merge(want),
+                        stamp,
+                        "seed {seed}: {stamp:?} misses {want:?}"
+                    );
+                    merged_waits += stamp.differs_in(Stamp::NONE);
+                    exact_waits += want.differs_in(Stamp::NONE);
+                    live.push((off, size));
+                } else {
+                    let (off, size) = live.swap_remove(rng.below(live.len() as u64) as usize);
+                    let stamp = if rng.below(4) == 0 {
+                        Stamp::NONE
+                    } else {
+                        seq += 1;
+                        Stamp::from_bits((1 << (48 + rng.below(16))) | seq)
+                    };
+                    assert_eq!(c.free_stamped(off, stamp), Some(size));
+                    for u in off / U..(off + size) / U {
+                        unit[u as usize] = stamp;
+                    }
+                }
+                c.check().unwrap();
+            }
+            named += merged_waits;
+            exact += exact_waits;
+        }
+        // Pieces merge past their limit, so a block may name more freers than its bytes had; with one
+        // stamp an extent (the design before pieces) these programs name 4.6 times as many, with two
+        // pieces 2.5 times, with four 1.5 times.
+        assert!(
+            named <= 2 * exact,
+            "{named} freers named for {exact} that freed the bytes"
+        );
     }
 
     #[test]

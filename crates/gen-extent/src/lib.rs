@@ -16,6 +16,7 @@
 //! layout and not ordered trees). [`ExtentArena::owns`] is a plain address-range check with no lock.
 
 mod core;
+mod pieces;
 mod survivors;
 mod tags;
 

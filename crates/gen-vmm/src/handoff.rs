@@ -144,6 +144,13 @@ impl Stamp {
         Stamp(((self.0 | other.0) & !SEQ_MASK) | (self.0 & SEQ_MASK).max(other.0 & SEQ_MASK))
     }
 
+    /// How many freers one of the two stamps names and the other does not: what merging them adds to
+    /// either (a range's pieces of stamps merge the neighbours that differ least).
+    #[inline]
+    pub fn differs_in(self, other: Stamp) -> u32 {
+        (self.freers() ^ other.freers()).count_ones()
+    }
+
     /// Whether there is nothing to order.
     #[inline]
     pub fn is_none(self) -> bool {
