@@ -163,29 +163,42 @@ fn main() -> Result<()> {
         );
     }
     d.unmap(run_va + RUN * g, RUN * g)?;
-    // A map here while a helper thread unmaps pages of another range.
+    // A map and unmap here, alone and while a helper thread maps and unmaps runs of pages of another
+    // range: whether the driver serializes the two threads' calls (an unmap moved off the allocating
+    // thread would only help if it does not).
     {
+        let pairs = iters / 10 + 1;
+        let one = |d: &dyn gen_device::Device| -> Result<f64> {
+            let t = Instant::now();
+            for _ in 0..pairs {
+                d.map(run_va, g, hs[0])?;
+                d.unmap(run_va, g)?;
+            }
+            Ok(t.elapsed().as_nanos() as f64 / pairs as f64)
+        };
+        let alone = one(&*d)?;
         let stop = std::sync::atomic::AtomicBool::new(false);
         let other = d.va_reserve(RUN * g, 0)?;
         let extra: Vec<_> = (0..RUN).map(|_| d.phys_create(g)).collect::<Result<_>>()?;
-        let (m, u) = std::thread::scope(|sc| -> Result<(f64, f64)> {
-            let helper = sc.spawn(|| -> Result<u64> {
-                let mut n = 0;
+        let (with, helper) = std::thread::scope(|sc| -> Result<(f64, f64)> {
+            let helper = sc.spawn(|| -> Result<f64> {
+                let (t, mut pages) = (Instant::now(), 0u64);
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     d.map_run(other, g, &extra)?;
                     d.unmap(other, RUN * g)?;
-                    n += 1;
+                    pages += RUN;
                 }
-                Ok(n)
+                Ok(t.elapsed().as_nanos() as f64 / pages.max(1) as f64)
             });
-            let r = split(1, false);
+            // Let the helper start first.
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            let r = one(&*d);
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
-            let n = helper.join().expect("helper thread")?;
-            println!("  (helper thread: {n} runs of {RUN} maps + unmaps meanwhile)");
-            r
+            let h = helper.join().expect("helper thread")?;
+            Ok((r?, h))
         })?;
         println!(
-            "split, 1 page, while another thread maps and unmaps: map {m:.0} ns, unmap {u:.0} ns"
+            "map + unmap of one page, alone: {alone:.0} ns; while another thread maps and unmaps runs: {with:.0} ns (that thread: {helper:.0} ns per page)"
         );
         for h in extra {
             d.phys_release(h)?;
