@@ -235,7 +235,18 @@ impl PagePool {
         let mut got: Vec<PhysHandle> = Vec::with_capacity(unbacked.len());
         let mut returned: Vec<u32> = Vec::new();
         let mut fail = None;
-        for &pidx in unbacked {
+        // Old mappings at these addresses whose pages are in use elsewhere must go before anything is
+        // mapped here (`take_page` would clear each alone): cleared together first, one unmap a run.
+        // Not while pages stay (`take_page` refuses those with a typed error).
+        if !self.pages_stay() {
+            let clear = zombies_to_clear(g, rid, unbacked);
+            if clear.len() > 1 {
+                // A failure rolls the commit back below, as one in the loop does.
+                fail = self.clear_zombies(g, rid, &clear, synced).err();
+            }
+        }
+        let to_take = if fail.is_none() { unbacked } else { &[] };
+        for &pidx in to_take {
             match self.take_page(g, rid, pidx, grow, synced) {
                 Ok(Taken::Mapped(h)) => {
                     let r = g.regions[rid as usize].as_mut().expect("registered region");
@@ -835,6 +846,26 @@ fn extend_run_by(run: &mut Option<(u32, u32)>, p: u32, q: u32, mut flush: impl F
         }
         None => Some((p, q)),
     };
+}
+
+/// Of the unbacked pages `unbacked` of region `rid`, those holding an old mapping that cannot be taken
+/// back (its page is in use at its new address, or was released): the ones a commit must unmap first.
+fn zombies_to_clear(g: &Inner, rid: u32, unbacked: &[u32]) -> Vec<u32> {
+    let r = g.regions[rid as usize].as_ref().expect("registered region");
+    unbacked
+        .iter()
+        .copied()
+        .filter(|&p| {
+            r.pages[p as usize]
+                .zombie
+                .is_some_and(|z| match g.owners.get(&z.handle.0) {
+                    Some(&(orid, opidx)) => g.regions[orid as usize]
+                        .as_ref()
+                        .is_some_and(|o| o.hot[opidx as usize].refs > 0),
+                    None => !g.free_handles.contains(&z.handle),
+                })
+        })
+        .collect()
 }
 
 /// Take a free-mapped page for a steal; never `(rid, pidx)` itself (an unbacked page is never free).

@@ -150,6 +150,52 @@ impl PagePool {
         pidx: u32,
         synced: &mut bool,
     ) -> Result<(), VmmError> {
+        self.clear_zombies(g, rid, &[pidx], synced)
+    }
+
+    /// [`clear_zombie`](Self::clear_zombie) for several pages of region `rid` (ascending) at once: each
+    /// waited for as there, then unmapped together — one driver call per run of consecutive pages
+    /// (session 26: on an H100 an unmap costs ~22 µs for one page and ~15 µs a page in a run of 32; a
+    /// commit clearing old mappings clears runs of 3 pages on average on bert_serve_4streams and of 15
+    /// on random sizes).
+    pub(crate) fn clear_zombies(
+        &self,
+        g: &mut Inner,
+        rid: u32,
+        pages: &[u32],
+        synced: &mut bool,
+    ) -> Result<(), VmmError> {
+        for &pidx in pages {
+            self.await_zombie(g, rid, pidx, synced)?;
+        }
+        self.reap_zombies(g, false)?;
+        // Kept (keep_old_mappings) and idle now: these go.
+        let left: Vec<(u32, u32)> = pages
+            .iter()
+            .filter(|&&p| zombie_epoch(&g.regions, rid, p).is_some())
+            .map(|&p| (rid, p))
+            .collect();
+        if !left.is_empty() {
+            self.unmap_zombies(g, left)?;
+        }
+        debug_assert!(
+            pages
+                .iter()
+                .all(|&p| zombie_epoch(&g.regions, rid, p).is_none()),
+            "an idle zombie is reaped"
+        );
+        Ok(())
+    }
+
+    /// Wait until nothing queued uses the zombie mapping under `(rid, pidx)` (if there is one): its
+    /// fence, recorded first if none covers it yet, or a synchronize.
+    fn await_zombie(
+        &self,
+        g: &mut Inner,
+        rid: u32,
+        pidx: u32,
+        synced: &mut bool,
+    ) -> Result<(), VmmError> {
         let (epoch, stream) = {
             let r = g.regions[rid as usize].as_ref().expect("registered region");
             match r.pages[pidx as usize].zombie {
@@ -196,16 +242,6 @@ impl PagePool {
                 g.stats.syncs += 1;
             }
         }
-        self.reap_zombies(g, false)?;
-        if zombie_epoch(&g.regions, rid, pidx).is_some() {
-            // Kept (keep_old_mappings) and idle now: this one goes.
-            self.unmap_zombies(g, vec![(rid, pidx)])?;
-        }
-        let r = g.regions[rid as usize].as_ref().expect("registered region");
-        debug_assert!(
-            r.pages[pidx as usize].zombie.is_none(),
-            "an idle zombie is reaped"
-        );
         Ok(())
     }
 }

@@ -903,6 +903,49 @@ fn an_old_mapping_of_a_page_in_use_makes_way() {
     r.decommit(32 * MIB, 2 * MIB);
 }
 
+/// A commit over several old mappings whose pages are in use elsewhere clears them together: one unmap
+/// call for the run of consecutive addresses (session 26), not one a page; the moved pages' bytes stay
+/// where they were moved, and the new pages at the old addresses are usable.
+#[test]
+fn old_mappings_in_the_way_go_in_one_unmap_a_run() {
+    let dev = Arc::new(SimDevice::config().backed(true).build().unwrap());
+    let pool = pool_with(&dev, keeping());
+    pool.set_fence_stream(Some(0));
+    let r = Region::new(&pool, 64 * MIB, "t").unwrap();
+    r.commit(0, 8 * MIB, true).unwrap(); // pages 0-3
+    r.decommit(0, 8 * MIB);
+    r.commit(32 * MIB, 8 * MIB, true).unwrap(); // pages 0-3 move to 16-19, still in use there
+    let pattern: Vec<u8> = (0..8 * MIB).map(|i| (i / MIB) as u8 + 3).collect();
+    dev.write(r.base() + 32 * MIB, &pattern).unwrap();
+    assert_eq!(pool.stats().zombies, 4);
+    let before = dev.calls();
+    r.commit(0, 8 * MIB, true).unwrap(); // the old mappings at 0-3 must go; four new pages
+    let d = dev.calls().since(&before);
+    assert_eq!(
+        (
+            d.get(CallKind::Unmap),
+            d.get(CallKind::PhysCreate),
+            d.get(CallKind::Synchronize)
+        ),
+        (1, 4, 0),
+        "{d:?}"
+    );
+    let s = pool.stats();
+    assert_eq!(
+        (s.zombies, s.unmaps, s.pages_held, s.pages_in_use),
+        (0, 4, 8, 8),
+        "{s:?}"
+    );
+    let mut back = vec![0u8; 8 * MIB as usize];
+    dev.read(r.base() + 32 * MIB, &mut back).unwrap();
+    assert!(back == pattern, "the moved pages kept their bytes");
+    dev.write(r.base(), &pattern).unwrap();
+    dev.read(r.base(), &mut back).unwrap();
+    assert!(back == pattern, "the old addresses have pages of their own");
+    r.decommit(0, 8 * MIB);
+    r.decommit(32 * MIB, 8 * MIB);
+}
+
 /// A page unmapped from its last owner and cached (its region dropped) still comes back through an old
 /// mapping left in another region, with no driver call.
 #[test]
