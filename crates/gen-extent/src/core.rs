@@ -226,10 +226,11 @@ impl ExtentCore {
         core
     }
 
-    /// Keep a [`Stamp`] on each free extent from now on (a range several streams allocate from, ordered
-    /// lazily: see [`gen_vmm::Handoff::before_use`]): a free's stamp stays on the extent it joins (merged
-    /// with its neighbours'), an allocation returns the stamp of the extent it was cut from, and what is
-    /// left of that extent keeps it. Extents freed before carry [`Stamp::NONE`].
+    /// Keep [`Stamp`]s on the free extents from now on (a range several streams allocate from, ordered
+    /// lazily: see [`gen_vmm::Handoff::before_use`]): a free's stamp stays on the bytes it freed, as a
+    /// piece of the extent they join (up to four pieces an extent, the closest neighbours merged past
+    /// that: `pieces.rs`); an allocation returns the stamp of the pieces its block overlaps, and what is
+    /// left of the extent keeps its own pieces. Extents freed before carry [`Stamp::NONE`].
     pub fn keep_stamps(&mut self) {
         if self.stamps.is_none() {
             self.stamps = Some(StampTable::new());
@@ -377,7 +378,7 @@ impl ExtentCore {
         self.alloc_stamped(size).map(|(off, _)| off)
     }
 
-    /// [`alloc`](Self::alloc), with the stamp of the extent the block was cut from (see
+    /// [`alloc`](Self::alloc), with the stamp of the bytes the block was cut from (see
     /// [`keep_stamps`](Self::keep_stamps)).
     pub fn alloc_stamped(&mut self, size: u64) -> Option<(u64, Stamp)> {
         let size = round_size(size)?;
@@ -498,7 +499,7 @@ impl ExtentCore {
         self.alloc_at_stamped(offset, size).map(|(off, _)| off)
     }
 
-    /// [`alloc_at`](Self::alloc_at), with the stamp of the extent the block was cut from.
+    /// [`alloc_at`](Self::alloc_at), with the stamp of the bytes the block was cut from.
     pub fn alloc_at_stamped(&mut self, offset: u64, size: u64) -> Option<(u64, Stamp)> {
         let size = round_size(size)?;
         let end = offset.checked_add(size)?;
@@ -545,8 +546,8 @@ impl ExtentCore {
         self.free_stamped(offset, Stamp::NONE)
     }
 
-    /// [`free`](Self::free), leaving `stamp` on the freed bytes: the extent they join carries it merged
-    /// with its neighbours' (see [`keep_stamps`](Self::keep_stamps)).
+    /// [`free`](Self::free), leaving `stamp` on the freed bytes: a piece of the extent they join (see
+    /// [`keep_stamps`](Self::keep_stamps)).
     pub fn free_stamped(&mut self, offset: u64, stamp: Stamp) -> Option<u64> {
         self.free_aged(offset, stamp).map(|(size, _)| size)
     }

@@ -22,8 +22,9 @@
 //! streams allocate from one range all the time (the arena the streams after the first share), ordering
 //! every other allocator at every free costs a fence and a wait per allocator per free — more than the
 //! blocks' work. There a free makes no device call: it leaves a [`Stamp`] on the freed bytes (which
-//! streams freed them, and when, in the handoff's count of frees), the range keeps the stamp on the free
-//! extent (merged when extents coalesce), and the stream that allocates there waits only for the
+//! streams freed them, and when, in the handoff's count of frees), the range keeps the stamp on those
+//! bytes of the free extent (gen-extent keeps a few pieces an extent, merged past that), and the stream
+//! that allocates there waits only for the
 //! streams named on the bytes it gets — and only for those it has not already waited for since their
 //! free: one fence and one wait per pair of streams per hand-over, none for a block that goes back to
 //! the stream that freed it.
@@ -127,9 +128,10 @@ const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
 
 /// What a lazily ordered free leaves on the bytes it frees: the streams that freed them (a bit per
 /// freer, as the handoff numbers them) and the time of the latest of those frees. Ranges keep it on
-/// their free extents, merged when extents coalesce and copied to both parts when one is split; the
-/// stream that allocates the bytes hands it to [`Handoff::before_use`]. [`Stamp::NONE`]: bytes no
-/// stamped free touched, nothing to order.
+/// the bytes of their free extents (gen-extent: up to four pieces an extent, the closest merged past
+/// that — [`merge`](Stamp::merge) only ever names more); the stream that allocates the bytes hands the
+/// stamp of the pieces it gets to [`Handoff::before_use`]. [`Stamp::NONE`]: bytes no stamped free
+/// touched, nothing to order.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Stamp(u64);
 
