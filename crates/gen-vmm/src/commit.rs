@@ -399,35 +399,34 @@ impl PagePool {
             return Ok(None);
         };
         let h = z.handle;
-        if let Some(&(orid, opidx)) = g.owners.get(&h.0) {
-            let hot = g.regions[orid as usize]
-                .as_ref()
-                .expect("registered region")
-                .hot[opidx as usize];
-            if hot.refs > 0 {
-                return Ok(None);
+        match old_page(g, h) {
+            OldPage::InUse | OldPage::Gone => return Ok(None),
+            OldPage::FreeAt(orid, opidx) => {
+                let hot = g.regions[orid as usize]
+                    .as_ref()
+                    .expect("registered region")
+                    .hot[opidx as usize];
+                debug_assert!(hot.backed());
+                if self.keep_mappings.load(Relaxed) {
+                    // Its address there would keep an old mapping, retired (unmapped) later: never in
+                    // a pool that keeps its mappings.
+                    return Ok(None);
+                }
+                if self.capturing() && hot.warm(g.done_epoch) && g.fence_stream.is_none() {
+                    // Several streams: a warm page moves after the committing stream waits on its last
+                    // users' fence (or a synchronize), which the capture forbids.
+                    return Ok(None);
+                }
+                let target = g.committing_for;
+                let how = self.settle(g, orid, opidx, synced, target)?;
+                g.free_mapped.remove(&(opidx, orid));
+                let left = Self::leave_mapped(g, orid, opidx, how);
+                debug_assert_eq!(left, h);
             }
-            debug_assert!(hot.backed());
-            if self.keep_mappings.load(Relaxed) {
-                // Its address there would keep an old mapping, retired (unmapped) later: never in a
-                // pool that keeps its mappings.
-                return Ok(None);
+            OldPage::Cached(i) => {
+                // Unmapped from its last owner and cached: the old mapping here is its only one.
+                g.free_handles.swap_remove(i);
             }
-            if self.capturing() && hot.warm(g.done_epoch) && g.fence_stream.is_none() {
-                // Several streams: a warm page moves after the committing stream waits on its last
-                // users' fence (or a synchronize), which the capture forbids.
-                return Ok(None);
-            }
-            let target = g.committing_for;
-            let how = self.settle(g, orid, opidx, synced, target)?;
-            g.free_mapped.remove(&(opidx, orid));
-            let left = Self::leave_mapped(g, orid, opidx, how);
-            debug_assert_eq!(left, h);
-        } else if let Some(i) = g.free_handles.iter().position(|&c| c == h) {
-            // Unmapped from its last owner and cached: the old mapping here is its only one.
-            g.free_handles.swap_remove(i);
-        } else {
-            return Ok(None);
         }
         let r = g.regions[rid as usize].as_mut().expect("registered region");
         r.pages[pidx as usize].zombie = None;
@@ -848,6 +847,39 @@ fn extend_run_by(run: &mut Option<(u32, u32)>, p: u32, q: u32, mut flush: impl F
     };
 }
 
+/// Where the physical page an old mapping maps is now (`PagePool::take_back` brings back the free and
+/// the cached ones; a commit clears the others first, `zombies_to_clear`).
+enum OldPage {
+    /// Referenced at the address it moved to.
+    InUse,
+    /// Free and mapped at `(region, page)`, its own address now.
+    FreeAt(u32, u32),
+    /// Unmapped and cached: `free_handles[i]`.
+    Cached(usize),
+    /// Neither (released).
+    Gone,
+}
+
+fn old_page(g: &Inner, h: PhysHandle) -> OldPage {
+    if let Some(&(orid, opidx)) = g.owners.get(&h.0) {
+        let refs = g.regions[orid as usize]
+            .as_ref()
+            .expect("registered region")
+            .hot[opidx as usize]
+            .refs;
+        if refs > 0 {
+            OldPage::InUse
+        } else {
+            OldPage::FreeAt(orid, opidx)
+        }
+    } else {
+        match g.free_handles.iter().position(|&c| c == h) {
+            Some(i) => OldPage::Cached(i),
+            None => OldPage::Gone,
+        }
+    }
+}
+
 /// Of the unbacked pages `unbacked` of region `rid`, those holding an old mapping that cannot be taken
 /// back (its page is in use at its new address, or was released): the ones a commit must unmap first.
 fn zombies_to_clear(g: &Inner, rid: u32, unbacked: &[u32]) -> Vec<u32> {
@@ -858,12 +890,7 @@ fn zombies_to_clear(g: &Inner, rid: u32, unbacked: &[u32]) -> Vec<u32> {
         .filter(|&p| {
             r.pages[p as usize]
                 .zombie
-                .is_some_and(|z| match g.owners.get(&z.handle.0) {
-                    Some(&(orid, opidx)) => g.regions[orid as usize]
-                        .as_ref()
-                        .is_some_and(|o| o.hot[opidx as usize].refs > 0),
-                    None => !g.free_handles.contains(&z.handle),
-                })
+                .is_some_and(|z| matches!(old_page(g, z.handle), OldPage::InUse | OldPage::Gone))
         })
         .collect()
 }
