@@ -5,9 +5,8 @@
 # rounds: the session's device time was short): the engine's CUDA replay of bert_serve_4streams, serve8
 # and crossfree, PyTorch's entry points on serve8 and bert_serve_4streams.
 set -uo pipefail
-G=${G:-.gpu}
-OUT=${OUT:-out}
-mkdir -p "$OUT"
+STEPS_DEFAULT=ab
+. "$(dirname "$0")/env.sh"
 "$G"/bin/device_costs cuda 2000 > "$OUT/device_costs.txt" 2>&1
 ROUNDS=${ROUNDS:-2} \
 REPLAY="bert_serve_4streams /tmp/synth/serve8 /tmp/synth/crossfree" \
