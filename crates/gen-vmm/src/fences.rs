@@ -21,6 +21,9 @@ pub(crate) struct StreamFences {
     /// `(t, e)`: stream `t` was made to wait on a fence of this stream of epoch `e` (the newest such):
     /// everything of this stream up to `e` is ordered before `t`'s later work, and needs no wait again.
     waited: Vec<(StreamId, u64)>,
+    /// The pool's epoch when a waiter last found this stream's oldest fence pending
+    /// (`PagePool::learn_complete`): not asked again before a newer fence is recorded.
+    asked: u64,
 }
 
 /// Fences kept outstanding at most, per queue; past this the newest is recorded again instead of a new
@@ -131,6 +134,9 @@ impl PagePool {
         {
             return Ok(w);
         }
+        if self.learn_complete(g, i, epoch) {
+            return Ok(epoch);
+        }
         let (ev, e) = self.fence_on(g, after, epoch)?;
         self.device.stream_wait_event(target, ev)?;
         g.stats.stream_waits += 1;
@@ -140,6 +146,46 @@ impl PagePool {
             None => sf.waited.push((target, e)),
         }
         Ok(e)
+    }
+
+    /// Whether the work of stream fences `i` up to epoch `epoch` has completed, asking the device when a
+    /// fence recorded there covers it: the pending fences oldest first, up to the first one covering
+    /// it. A wait on a completed fence orders nothing, and `cuStreamWaitEvent` costs about as much host
+    /// time as the question, which one answer settles for every later waiter. A fence found pending is
+    /// not asked about again before a newer fence is recorded anywhere (the pool's epoch moves): under
+    /// load, questions stay at most one per fence recorded, not one per waiter. Never during a capture.
+    fn learn_complete(&self, g: &mut Inner, i: usize, epoch: u64) -> bool {
+        let now = g.epoch;
+        let Inner {
+            stream_fences,
+            spare_events,
+            ..
+        } = g;
+        let sf = &mut stream_fences[i];
+        if epoch < sf.done {
+            return true;
+        }
+        let covered = sf.fences.back().is_some_and(|&(e, _)| e >= epoch);
+        if !covered || sf.asked == now || self.capturing() {
+            return false;
+        }
+        while let Some(&(e, ev)) = sf.fences.front() {
+            match self.device.event_query(ev) {
+                Ok(true) => {
+                    sf.fences.pop_front();
+                    sf.done = sf.done.max(e + 1);
+                    spare_events.push(ev);
+                    if e >= epoch {
+                        break;
+                    }
+                }
+                Ok(false) | Err(_) => {
+                    sf.asked = now;
+                    break;
+                }
+            }
+        }
+        epoch < sf.done
     }
 
     /// Synchronize the device (a host wait) and take everything freed so far as idle. For callers whose
@@ -210,6 +256,7 @@ impl PagePool {
                     fences: VecDeque::new(),
                     done: 0,
                     waited: Vec::new(),
+                    asked: u64::MAX,
                 });
                 g.stream_fences.len() - 1
             }

@@ -265,3 +265,83 @@ fn foreign_frees_past_the_fence_queue_order_on_the_device_with_no_host_wait() {
     dev.synchronize().unwrap();
     assert!(!dev.waits_on(s, t));
 }
+
+/// A stream reusing bytes whose freer's fence another stream already waited on asks the device whether
+/// that fence has completed before waiting on it (session 27): a completed fence needs no wait, and
+/// from then on no question either; a pending one is asked about once — not by every waiter — until a
+/// newer fence is recorded.
+#[test]
+fn a_completed_fence_is_learned_once_and_needs_no_wait() {
+    let (dev, pages) = setup();
+    let (s, t, u) = three_streams(&dev);
+    let (v, w) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
+    let h = Handoff::new();
+    for st in [s, t, u, v, w] {
+        h.join_lazily(st);
+    }
+    busy(&dev, s);
+    let by_s = h.freed_lazily(s);
+    let c0 = dev.call_counts();
+    // The first user: a fence on s, a wait on it.
+    h.before_use(&pages, t, by_s).unwrap();
+    let c1 = dev.call_counts();
+    assert_eq!(
+        (
+            c1.event_records - c0.event_records,
+            c1.stream_waits - c0.stream_waits
+        ),
+        (1, 1)
+    );
+    assert!(dev.waits_on(t, s));
+    // s still runs: the second user asks once, finds the fence pending, and waits on it.
+    h.before_use(&pages, u, by_s).unwrap();
+    let c2 = dev.call_counts();
+    assert!(dev.waits_on(u, s), "a pending fence is waited on");
+    assert_eq!(
+        (
+            c2.event_queries - c1.event_queries,
+            c2.stream_waits - c1.stream_waits,
+            c2.event_records - c1.event_records
+        ),
+        (1, 1, 0),
+        "one question, one wait, the fence shared"
+    );
+    // A third user before any newer fence: no second question about the same pending fence.
+    h.before_use(&pages, v, by_s).unwrap();
+    let c3 = dev.call_counts();
+    assert!(dev.waits_on(v, s));
+    assert_eq!(
+        (
+            c3.event_queries - c2.event_queries,
+            c3.stream_waits - c2.stream_waits
+        ),
+        (0, 1)
+    );
+    // s's work completes (no host wait by anyone). Not asked again before a newer fence: the next
+    // hand-over (u reusing t's bytes) records one.
+    dev.resume_stream(s).unwrap();
+    busy(&dev, t);
+    let by_t = h.freed_lazily(t);
+    h.before_use(&pages, u, by_t).unwrap();
+    assert!(dev.waits_on(u, t));
+    // The next user of s's bytes learns with one question that s's fence completed, and makes no
+    // device-side wait.
+    let c4 = dev.call_counts();
+    h.before_use(&pages, w, by_s).unwrap();
+    let c5 = dev.call_counts();
+    assert!(
+        !dev.waits_on(w, s),
+        "s's work is complete: nothing to wait for"
+    );
+    assert_eq!(c5.stream_waits, c4.stream_waits);
+    assert_eq!(c5.event_records, c4.event_records);
+    assert_eq!(c5.waits, c4.waits, "no host wait");
+    assert!(c5.event_queries > c4.event_queries, "learned by asking");
+    // Known complete now: the same bytes for another stream cost no call at all.
+    let x = dev.stream_create().unwrap();
+    h.join_lazily(x);
+    h.before_use(&pages, x, by_s).unwrap();
+    assert_eq!(dev.call_counts(), c5);
+    assert!(!dev.waits_on(x, s));
+    dev.resume_stream(t).unwrap();
+}
