@@ -145,6 +145,7 @@ struct Counts {
     creates: AtomicU64,
     event_records: AtomicU64,
     event_queries: AtomicU64,
+    stream_queries: AtomicU64,
     stream_waits: AtomicU64,
 }
 
@@ -654,6 +655,13 @@ impl Device for CudaDevice {
         unsafe { raw::stream_synchronize(Self::stream(stream)) }
     }
 
+    fn stream_query(&self, stream: StreamId) -> Result<bool> {
+        self.enter()?;
+        self.counts.stream_queries.fetch_add(1, Relaxed);
+        // SAFETY: the stream is the caller's contract (module doc).
+        unsafe { raw::stream_query(Self::stream(stream)) }
+    }
+
     fn event_create(&self) -> Result<EventHandle> {
         self.enter()?;
         let e = raw::event_create()? as usize as Raw;
@@ -747,6 +755,7 @@ impl Device for CudaDevice {
             creates: c.creates.load(Relaxed),
             event_records: c.event_records.load(Relaxed),
             event_queries: c.event_queries.load(Relaxed),
+            stream_queries: c.stream_queries.load(Relaxed),
             stream_waits: c.stream_waits.load(Relaxed),
         }
     }

@@ -305,6 +305,9 @@ pub trait Device: Send + Sync + fmt::Debug {
     fn event_record(&self, event: EventHandle, stream: StreamId) -> Result<()>;
     /// True when all work captured by the last record of `event` has completed (`cuEventQuery`).
     fn event_query(&self, event: EventHandle) -> Result<bool>;
+    /// True when all work queued on `stream` so far has completed (`cuStreamQuery`): a snapshot, no
+    /// wait. Not during a capture (the driver refuses it on a capturing stream).
+    fn stream_query(&self, stream: StreamId) -> Result<bool>;
     /// Block the host until `event` has completed.
     fn event_synchronize(&self, event: EventHandle) -> Result<()>;
     /// Make future work on `stream` wait for `event` (`cuStreamWaitEvent`).
@@ -435,6 +438,8 @@ pub struct CallCounts {
     pub event_records: u64,
     /// Event queries (`cuEventQuery`).
     pub event_queries: u64,
+    /// Stream queries (`cuStreamQuery`).
+    pub stream_queries: u64,
     /// Streams made to wait on an event (`cuStreamWaitEvent`).
     pub stream_waits: u64,
 }
@@ -450,12 +455,13 @@ impl CallCounts {
             creates: self.creates.saturating_sub(earlier.creates),
             event_records: self.event_records.saturating_sub(earlier.event_records),
             event_queries: self.event_queries.saturating_sub(earlier.event_queries),
+            stream_queries: self.stream_queries.saturating_sub(earlier.stream_queries),
             stream_waits: self.stream_waits.saturating_sub(earlier.stream_waits),
         }
     }
 
     /// The counts as `(name, value)` pairs, in declaration order (for reports).
-    pub fn pairs(&self) -> [(&'static str, u64); 8] {
+    pub fn pairs(&self) -> [(&'static str, u64); 9] {
         [
             ("waits", self.waits),
             ("device_syncs", self.device_syncs),
@@ -464,6 +470,7 @@ impl CallCounts {
             ("creates", self.creates),
             ("event_records", self.event_records),
             ("event_queries", self.event_queries),
+            ("stream_queries", self.stream_queries),
             ("stream_waits", self.stream_waits),
         ]
     }

@@ -289,6 +289,8 @@ call_kinds! {
     EventRecord => "cuEventRecord",
     /// [`Device::event_query`].
     EventQuery => "cuEventQuery",
+    /// [`Device::stream_query`].
+    StreamQuery => "cuStreamQuery",
     /// [`Device::event_synchronize`].
     EventSynchronize => "cuEventSynchronize",
     /// [`Device::stream_wait_event`].
@@ -1326,6 +1328,7 @@ impl Device for SimDevice {
             creates: c.get(CallKind::PhysCreate),
             event_records: c.get(CallKind::EventRecord),
             event_queries: c.get(CallKind::EventQuery),
+            stream_queries: c.get(CallKind::StreamQuery),
             stream_waits: c.get(CallKind::StreamWaitEvent),
         }
     }
@@ -1838,6 +1841,19 @@ impl Device for SimDevice {
         st.events.get_mut(&event.0).expect("checked").recorded = Some((stream, seq));
         st.progress();
         Ok(())
+    }
+
+    fn stream_query(&self, stream: StreamId) -> Result<bool> {
+        let call = CallKind::StreamQuery.name();
+        let mut st = self.state.lock();
+        st.enter(CallKind::StreamQuery, None)?;
+        st.forbidden_in_capture(CallKind::StreamQuery)?;
+        st.stream(call, stream)?;
+        st.progress();
+        let s = &st.streams[&stream];
+        // A paused stream models work in flight (a kernel still running on the bytes freed there),
+        // whether or not anything was submitted through the device seam.
+        Ok(!s.paused && s.completed >= s.submitted)
     }
 
     fn event_query(&self, event: EventHandle) -> Result<bool> {

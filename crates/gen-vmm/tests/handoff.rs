@@ -345,3 +345,59 @@ fn a_completed_fence_is_learned_once_and_needs_no_wait() {
     assert!(!dev.waits_on(x, s));
     dev.resume_stream(t).unwrap();
 }
+
+/// A stream about to wait for another whose queued work no fence covers yet asks first whether that
+/// stream is idle (`cuStreamQuery`, session 27): idle, no fence and no wait — and what the stream
+/// frees after that answer is still ordered; busy, the fence and the wait as before, and the stream is
+/// asked less often while it stays busy.
+#[test]
+fn an_idle_freer_needs_no_fence_and_a_busy_one_is_asked_less_often() {
+    let (dev, pages) = setup();
+    let (s, t, u) = three_streams(&dev);
+    let h = Handoff::new();
+    for st in [s, t, u] {
+        h.join_lazily(st);
+    }
+    // s idle: one question, nothing recorded, nothing waited on.
+    let first = h.freed_lazily(s);
+    let c0 = dev.call_counts();
+    h.before_use(&pages, t, first).unwrap();
+    let c1 = dev.call_counts();
+    assert_eq!(c1.stream_queries - c0.stream_queries, 1);
+    assert_eq!(
+        (c1.event_records, c1.stream_waits, c1.waits),
+        (c0.event_records, c0.stream_waits, c0.waits),
+        "an idle freer: no fence, no wait, no host wait"
+    );
+    assert!(!dev.waits_on(t, s));
+    // The answer covered what s had freed: u needs no call for the same bytes.
+    h.before_use(&pages, u, first).unwrap();
+    assert_eq!(dev.call_counts(), c1);
+    // s runs again and frees more: that free is after the answer, and is ordered.
+    busy(&dev, s);
+    let second = h.freed_lazily(s);
+    let c2 = dev.call_counts();
+    h.before_use(&pages, t, second).unwrap();
+    let c3 = dev.call_counts();
+    assert!(dev.waits_on(t, s), "a busy freer is waited for");
+    assert_eq!(
+        (
+            c3.stream_queries - c2.stream_queries,
+            c3.event_records - c2.event_records,
+            c3.stream_waits - c2.stream_waits
+        ),
+        (1, 1, 1),
+        "asked, found busy: a fence and a wait"
+    );
+    // Busy: the next new hand-over from s waits without asking (backoff: one wait skips the question).
+    let third = h.freed_lazily(s);
+    h.before_use(&pages, u, third).unwrap();
+    let c4 = dev.call_counts();
+    assert!(dev.waits_on(u, s));
+    assert_eq!(
+        c4.stream_queries, c3.stream_queries,
+        "not asked again at once"
+    );
+    assert_eq!(c4.stream_waits - c3.stream_waits, 1);
+    dev.resume_stream(s).unwrap();
+}

@@ -299,12 +299,15 @@ fn a_foreign_free_during_a_capture_waits_for_its_end() {
         "held until the capture ends"
     );
     end(&dev);
+    // t's work is still running (a stream found idle would need no ordering at all).
+    dev.pause_stream(t).unwrap();
     let waits = dev.call_counts().stream_waits;
     // The next call after the capture gives it back (ordering s after t then).
     let b = pool.alloc(512, t, Hint::NONE).unwrap();
     pool.free(b.ptr, t).unwrap();
     assert_eq!(pool.stats().cached_bytes, 0);
     assert!(dev.call_counts().stream_waits > waits, "s ordered after t");
+    dev.resume_stream(t).unwrap();
     let again = pool.alloc(8 * MIB, s, Hint::NONE).unwrap();
     assert_eq!(again.ptr, a.ptr, "back in s's arena");
     pool.free(again.ptr, s).unwrap();

@@ -561,6 +561,24 @@ pub(super) unsafe fn stream_synchronize(s: CUstream) -> Result<()> {
     })
 }
 
+/// `cuStreamQuery`: `true` when all work queued on `s` has completed, `false` for
+/// `CUDA_ERROR_NOT_READY`.
+///
+/// # Safety
+/// `s` is a live stream or the null stream.
+pub(super) unsafe fn stream_query(s: CUstream) -> Result<bool> {
+    // SAFETY: the caller guarantees the stream.
+    match guarded("cuStreamQuery", || unsafe { sys::cuStreamQuery(s) }) {
+        Ok(()) => Ok(true),
+        Err(DeviceError::Driver { code, .. })
+            if code == sys::CUresult::CUDA_ERROR_NOT_READY as i32 =>
+        {
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// `cuStreamWaitEvent`.
 ///
 /// # Safety
