@@ -168,6 +168,33 @@ fn events_and_stream_waits() {
     d.close().unwrap();
 }
 
+/// `stream_query`: an idle stream answers true, one with queued work false (and no wait), true again
+/// once that work completes; the legacy stream answers too.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn stream_query_tells_idle_from_busy_without_waiting() {
+    let d = cuda_device();
+    let s = d.stream_create().unwrap();
+    assert!(d.stream_query(s).unwrap(), "a new stream is idle");
+    let p = d.mem_alloc(256 << 20).unwrap();
+    // ~64 GiB of memsets: milliseconds of work on any GPU.
+    for _ in 0..256 {
+        d.memset_async(p, 1, 256 << 20, s).unwrap();
+    }
+    let before = d.call_counts();
+    assert!(!d.stream_query(s).unwrap(), "work queued: busy");
+    let after = d.call_counts();
+    assert_eq!(after.stream_queries, before.stream_queries + 1);
+    assert_eq!(after.waits, before.waits, "a question, not a wait");
+    d.stream_synchronize(s).unwrap();
+    assert!(d.stream_query(s).unwrap(), "idle once its work completed");
+    d.synchronize().unwrap();
+    assert!(d.stream_query(0).unwrap(), "the legacy stream, idle");
+    d.mem_free(p).unwrap();
+    d.stream_destroy(s).unwrap();
+    d.close().unwrap();
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn memset_read_and_plain_alloc() {
