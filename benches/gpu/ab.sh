@@ -35,6 +35,6 @@ for path, kind in zip(sys.argv[1:], ("cli", "torch")):
         w = d.get("warm_calls", {})
         print(kind, d["round"], d["v"], d["trace"][:20], round(d["ratio"], 4), round(d["ns_per_op"]),
               "maps", w.get("maps"), "waits", w.get("stream_waits"), "records", w.get("event_records"),
-              "queries", w.get("event_queries"))
+              "queries", w.get("event_queries"), "squeries", w.get("stream_queries"))
 PY
 tail -3 "$OUT/torch.err" 2>/dev/null

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 27: every CUDA test binary (benches/gpu/pack_cuda_tests.sh), then the session's start (`base`,
-# a56dae5) against the fence questions (`new`: a stream asks whether a fence completed before waiting
-# on it), taking turns (ab.sh, $ROUNDS rounds, default 3): the engine's CUDA replay of serve8,
+# a56dae5) against the fence and stream questions (`new`: a stream asks whether a fence completed, or the
+# freeing stream is idle, before waiting), taking turns (ab.sh, $ROUNDS rounds, default 3): the engine's CUDA replay of serve8,
 # bert_serve_4streams and crossfree; PyTorch's entry points on serve8 and bert_serve.
 set -uo pipefail
 STEPS_DEFAULT=tests
