@@ -56,6 +56,46 @@ fn main() -> Result<()> {
         d.event_query(e).map(|_| ())
     })?;
     println!("event_record + event_query: {ns:.0} ns");
+    // Session 27: what a stream question costs against the fence and wait it replaces, and whether a
+    // question right after a map or an unmap pays for the driver's page-table work.
+    let s2 = d.stream_create()?;
+    let ns = median_ns(5, iters, || d.event_query(e).map(|_| ()))?;
+    println!("event_query (complete): {ns:.0} ns");
+    let ns = median_ns(5, iters, || {
+        d.event_record(e, s)?;
+        d.stream_wait_event(s2, e)
+    })?;
+    println!("event_record + stream_wait_event: {ns:.0} ns");
+    let ns = median_ns(5, iters, || d.stream_query(s).map(|_| ()))?;
+    println!("stream_query (idle): {ns:.0} ns");
+    {
+        let va = d.va_reserve(g, 0)?;
+        let h = d.phys_create(g)?;
+        let n = iters / 10 + 1;
+        let base = median_ns(5, n, || {
+            d.map(va, g, h)?;
+            d.unmap(va, g)
+        })?;
+        let with_stream = median_ns(5, n, || {
+            d.map(va, g, h)?;
+            d.unmap(va, g)?;
+            d.stream_query(s).map(|_| ())
+        })?;
+        let with_event = median_ns(5, n, || {
+            d.map(va, g, h)?;
+            d.unmap(va, g)?;
+            d.event_record(e, s)?;
+            d.stream_wait_event(s2, e)
+        })?;
+        println!(
+            "map + unmap: {base:.0} ns; then a stream_query: +{:.0} ns; then event_record + stream_wait_event: +{:.0} ns",
+            with_stream - base,
+            with_event - base
+        );
+        d.phys_release(h)?;
+        d.va_release(va, g)?;
+    }
+    d.stream_destroy(s2)?;
     let va = d.va_reserve(g, 0)?;
     let ns = median_ns(5, iters / 10 + 1, || {
         let h = d.phys_create(g)?;
