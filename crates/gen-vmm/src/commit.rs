@@ -475,6 +475,10 @@ impl PagePool {
             _ => None,
         };
         match (stream, target, freers) {
+            (Some(s), Some(_), _) if self.ask_idle(g, s, freed) => {
+                // Its last users' work is done (the device says so): nothing to order or fence.
+                Ok(Settled::Idle)
+            }
             (Some(s), Some(t), _) => {
                 g.commit_ordered = true;
                 let epoch = if t == s {
@@ -487,9 +491,17 @@ impl PagePool {
             (None, Some(t), Some(streams)) => {
                 // `t` waits for each, and a fence on `t` after those waits covers them all (for the old
                 // mapping).
+                let busy: Vec<StreamId> = streams
+                    .into_iter()
+                    .filter(|&s| !self.ask_idle(g, s, freed))
+                    .collect();
+                if busy.is_empty() {
+                    // Every stream that used its bytes is done (the device says so).
+                    return Ok(Settled::Idle);
+                }
                 g.commit_ordered = true;
-                for s in streams {
-                    if s != t && !Self::idle(g, Some(s), freed) {
+                for s in busy {
+                    if s != t {
                         self.wait_fence(g, t, s, freed)?;
                     }
                 }

@@ -158,6 +158,17 @@ impl PagePool {
         Ok(e)
     }
 
+    /// Whether `stream`'s work stamped up to `epoch` is known complete, or learned so by asking the
+    /// device (`learn_complete`, `learn_idle`: the questions `wait_fence` asks before it waits) — for a
+    /// page about to move, which needs no fence of its last users' stream when they are done.
+    pub(crate) fn ask_idle(&self, g: &mut Inner, stream: StreamId, epoch: u64) -> bool {
+        if Self::idle(g, Some(stream), epoch) {
+            return true;
+        }
+        let i = Self::stream_entry(g, stream);
+        self.learn_complete(g, i, epoch) || self.learn_idle(g, i, stream)
+    }
+
     /// Whether the work of stream fences `i` up to epoch `epoch` has completed, asking the device when a
     /// fence recorded there covers it: the pending fences oldest first, up to the first one covering
     /// it. A wait on a completed fence orders nothing, and `cuStreamWaitEvent` costs about as much host

@@ -635,6 +635,49 @@ fn several_streams_move_a_busy_page_by_ordering_not_synchronizing() {
     assert_eq!((out.mappings, out.phys_handles), (0, 0), "{out:?}");
 }
 
+/// The same move with A's work done (session 27): the page pool asks whether A is idle
+/// (`cuStreamQuery`) instead of fencing A and making B wait — no fence, no wait, no host wait; the pages
+/// move as idle pages (not aliased).
+#[test]
+fn several_streams_move_a_page_whose_stream_is_idle_with_one_question() {
+    let dev = Arc::new(SimDevice::new());
+    let pool = pool_with(&dev, PagePoolConfig::default());
+    let (a, b) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
+    let ra = Region::new(&pool, 64 * MIB, "a").unwrap();
+    let rb = Region::new(&pool, 64 * MIB, "b").unwrap();
+    ra.set_stream(Some(a));
+    rb.set_stream(Some(b));
+    ra.commit(0, 4 * MIB, true).unwrap();
+    dev.memset_async(ra.base(), 0, 4 * MIB, a).unwrap(); // A's kernel, run to completion
+    ra.decommit(0, 4 * MIB);
+    let before = dev.calls();
+    rb.commit(0, 4 * MIB, false).unwrap(); // both pages move from A's region
+    let d = dev.calls().since(&before);
+    assert_eq!(
+        d.get(CallKind::StreamQuery),
+        1,
+        "one question covers both pages: {d:?}"
+    );
+    assert_eq!(
+        (
+            d.get(CallKind::EventRecord),
+            d.get(CallKind::StreamWaitEvent),
+            d.get(CallKind::Synchronize),
+            d.get(CallKind::EventSynchronize)
+        ),
+        (0, 0, 0, 0),
+        "{d:?}"
+    );
+    assert!(!dev.waits_on(b, a));
+    let s = pool.stats();
+    assert_eq!((s.steals, s.aliases, s.stream_waits), (2, 0, 0), "{s:?}");
+    rb.decommit(0, 4 * MIB);
+    drop((ra, rb));
+    drop(pool);
+    let out = dev.outstanding();
+    assert_eq!((out.mappings, out.phys_handles), (0, 0), "{out:?}");
+}
+
 /// A region shared by several streams (the slab's): bytes freed on A (`decommit_for`) and committed again
 /// for B make B wait on A's fence; what was committed is then B's alone (`commit_for` says so). With A
 /// idle, nothing waits and the range is for any stream.
