@@ -33,6 +33,28 @@ pub(crate) struct StreamFences {
 /// A stream found busy this many times in a row is asked at most once every 2^this waits.
 const BUSY_BACKOFF: u32 = 6;
 
+impl StreamFences {
+    /// The oldest fence has completed: everything of this stream up to its epoch is idle; its event
+    /// goes to `spare`. Returns that epoch (`None`: no fence pending).
+    fn retire_front(&mut self, spare: &mut Vec<EventHandle>) -> Option<u64> {
+        let (e, ev) = self.fences.pop_front()?;
+        self.done = self.done.max(e + 1);
+        spare.push(ev);
+        Some(e)
+    }
+}
+
+/// The pool's epoch, stream fences `i` and the spare events, borrowed apart.
+fn fences_of(g: &mut Inner, i: usize) -> (u64, &mut StreamFences, &mut Vec<EventHandle>) {
+    let Inner {
+        epoch,
+        stream_fences,
+        spare_events,
+        ..
+    } = g;
+    (*epoch, &mut stream_fences[i], spare_events)
+}
+
 /// Fences kept outstanding at most, per queue; past this the newest is recorded again instead of a new
 /// one (bounds the queue when the device lags far behind, with no host wait).
 const MAX_FENCES: usize = 256;
@@ -176,13 +198,7 @@ impl PagePool {
     /// not asked about again before a newer fence is recorded anywhere (the pool's epoch moves): under
     /// load, questions stay at most one per fence recorded, not one per waiter. Never during a capture.
     fn learn_complete(&self, g: &mut Inner, i: usize, epoch: u64) -> bool {
-        let now = g.epoch;
-        let Inner {
-            stream_fences,
-            spare_events,
-            ..
-        } = g;
-        let sf = &mut stream_fences[i];
+        let (now, sf, spare) = fences_of(g, i);
         if epoch < sf.done {
             return true;
         }
@@ -190,13 +206,10 @@ impl PagePool {
         if !covered || sf.asked == now || self.capturing() {
             return false;
         }
-        while let Some(&(e, ev)) = sf.fences.front() {
+        while let Some(&(_, ev)) = sf.fences.front() {
             match self.device.event_query(ev) {
                 Ok(true) => {
-                    sf.fences.pop_front();
-                    sf.done = sf.done.max(e + 1);
-                    spare_events.push(ev);
-                    if e >= epoch {
+                    if sf.retire_front(spare).is_some_and(|e| e >= epoch) {
                         break;
                     }
                 }
@@ -217,13 +230,7 @@ impl PagePool {
     /// time), so that under load the questions stay a small part of the waits they could not save.
     /// Never during a capture.
     fn learn_idle(&self, g: &mut Inner, i: usize, after: StreamId) -> bool {
-        let now = g.epoch;
-        let Inner {
-            stream_fences,
-            spare_events,
-            ..
-        } = g;
-        let sf = &mut stream_fences[i];
+        let (now, sf, spare) = fences_of(g, i);
         if sf.skip > 0 {
             sf.skip -= 1;
             return false;
@@ -236,7 +243,7 @@ impl PagePool {
                 // Everything of `after` stamped up to now is complete; the epoch moves on (as a
                 // synchronize moves it, `all_complete`) so that what is freed after this answer is not.
                 sf.busy = 0;
-                spare_events.extend(sf.fences.drain(..).map(|(_, ev)| ev));
+                while sf.retire_front(spare).is_some() {}
                 sf.done = sf.done.max(now + 1);
                 g.epoch = now + 1;
                 true
@@ -453,12 +460,10 @@ impl PagePool {
             ..
         } = g;
         for sf in stream_fences.iter_mut() {
-            while let Some(&(e, ev)) = sf.fences.front() {
+            while let Some(&(_, ev)) = sf.fences.front() {
                 match self.device.event_query(ev) {
                     Ok(true) => {
-                        sf.fences.pop_front();
-                        sf.done = sf.done.max(e + 1);
-                        spare_events.push(ev);
+                        sf.retire_front(spare_events);
                     }
                     Ok(false) => break,
                     Err(err) => {

@@ -585,11 +585,10 @@ fn several_streams_synchronize_only_for_busy_pages() {
     assert_eq!(dev.calls().since(&before).get(CallKind::Synchronize), 0);
 }
 
-/// Several streams, regions of known streams: a page freed in stream A's region with A's work still
-/// queued moves to stream B's region with no host wait — B waits on a fence of A on the device, the page
-/// is aliased, and the old mapping goes once that fence completes.
-#[test]
-fn several_streams_move_a_busy_page_by_ordering_not_synchronizing() {
+/// A pool on the simulated device with a region for each of two streams A and B, A's first 4 MiB
+/// committed.
+#[allow(clippy::type_complexity)]
+fn two_stream_regions() -> (Arc<SimDevice>, Arc<PagePool>, (u64, u64), (Region, Region)) {
     let dev = Arc::new(SimDevice::new());
     let pool = pool_with(&dev, PagePoolConfig::default());
     let (a, b) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
@@ -598,6 +597,15 @@ fn several_streams_move_a_busy_page_by_ordering_not_synchronizing() {
     ra.set_stream(Some(a));
     rb.set_stream(Some(b));
     ra.commit(0, 4 * MIB, true).unwrap();
+    (dev, pool, (a, b), (ra, rb))
+}
+
+/// Several streams, regions of known streams: a page freed in stream A's region with A's work still
+/// queued moves to stream B's region with no host wait — B waits on a fence of A on the device, the page
+/// is aliased, and the old mapping goes once that fence completes.
+#[test]
+fn several_streams_move_a_busy_page_by_ordering_not_synchronizing() {
+    let (dev, pool, (a, b), (ra, rb)) = two_stream_regions();
     dev.pause_stream(a).unwrap();
     dev.memset_async(ra.base(), 0, 4 * MIB, a).unwrap(); // A's kernel still uses the pages
     ra.decommit(0, 4 * MIB);
@@ -640,14 +648,7 @@ fn several_streams_move_a_busy_page_by_ordering_not_synchronizing() {
 /// move as idle pages (not aliased).
 #[test]
 fn several_streams_move_a_page_whose_stream_is_idle_with_one_question() {
-    let dev = Arc::new(SimDevice::new());
-    let pool = pool_with(&dev, PagePoolConfig::default());
-    let (a, b) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
-    let ra = Region::new(&pool, 64 * MIB, "a").unwrap();
-    let rb = Region::new(&pool, 64 * MIB, "b").unwrap();
-    ra.set_stream(Some(a));
-    rb.set_stream(Some(b));
-    ra.commit(0, 4 * MIB, true).unwrap();
+    let (dev, pool, (a, b), (ra, rb)) = two_stream_regions();
     dev.memset_async(ra.base(), 0, 4 * MIB, a).unwrap(); // A's kernel, run to completion
     ra.decommit(0, 4 * MIB);
     let before = dev.calls();
