@@ -147,7 +147,10 @@ impl PagePool {
 
     /// Make `target` wait on the device for a fence of `after` covering epoch `epoch` (the newest one
     /// recorded there if recent enough, else a new one) — unless it already waited for one that covers
-    /// it. Returns the epoch of the fence `target` is ordered after.
+    /// it, or the device answers that the work is done (a covering fence completed,
+    /// [`learn_complete`](Self::learn_complete); `after` idle, [`learn_idle`](Self::learn_idle)): then
+    /// nothing is recorded or waited for. Returns an epoch of `after` that `target` is ordered after
+    /// (or that is complete).
     pub(crate) fn wait_fence(
         &self,
         g: &mut Inner,
