@@ -216,7 +216,10 @@ impl PagePool {
                         break;
                     }
                 }
-                Ok(false) | Err(_) => {
+                answer => {
+                    if let Err(e) = answer {
+                        log::debug!("gen-vmm: asking whether a stream's fence completed: {e}");
+                    }
                     sf.asked = now;
                     break;
                 }
@@ -251,7 +254,11 @@ impl PagePool {
                 g.epoch = now + 1;
                 true
             }
-            Ok(false) | Err(_) => {
+            answer => {
+                if let Err(e) = answer {
+                    // Taken as busy: the fence and the wait that follow report a device that fails.
+                    log::debug!("gen-vmm: asking whether stream {after:#x} is idle: {e}");
+                }
                 sf.busy = (sf.busy + 1).min(BUSY_BACKOFF);
                 sf.skip = (1 << sf.busy) - 1;
                 false
