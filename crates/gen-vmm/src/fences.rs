@@ -595,4 +595,52 @@ mod epoch_lag_tests {
         assert!(dev.captures().end());
         assert_eq!(dev.call_counts().device_syncs, syncs + 1);
     }
+
+    /// A fence question for work between two fences (no fence of exactly its epoch): the pending fences
+    /// are asked oldest first until one covering it has completed — the first alone does not cover it.
+    /// Each fence is asked about once; a pending fence is not asked about again until a newer fence is
+    /// recorded.
+    #[test]
+    fn a_fence_question_walks_the_pending_fences_up_to_the_covering_one() {
+        let (dev, pages) = pool();
+        let (s, t, u) = (
+            dev.stream_create().unwrap(),
+            dev.stream_create().unwrap(),
+            dev.stream_create().unwrap(),
+        );
+        pages.several_streams();
+        dev.pause_stream(t).unwrap();
+        let mut g = pages.lock();
+        let i = PagePool::stream_entry(&mut g, t);
+        let k = PagePool::stream_entry(&mut g, u);
+        // Two fences on t at epochs e1 < e2, work stamped strictly between them (a fence on u between).
+        let (_, e1) = pages.push_fence(&mut g, Some(i), t).unwrap();
+        let between = g.epoch;
+        pages.push_fence(&mut g, Some(k), u).unwrap();
+        let (_, e2) = pages.push_fence(&mut g, Some(i), t).unwrap();
+        assert!(e1 < between && between < e2);
+        // t runs: the question finds the oldest fence pending and stops there.
+        let q0 = dev.call_counts().event_queries;
+        assert!(!pages.learn_complete(&mut g, i, between));
+        assert_eq!(dev.call_counts().event_queries, q0 + 1);
+        // Asked again before any newer fence: no question.
+        assert!(!pages.learn_complete(&mut g, i, between));
+        assert_eq!(dev.call_counts().event_queries, q0 + 1);
+        // t completes; a newer fence anywhere (on u) lets the question be asked again: both fences
+        // are asked about, the second covers the work.
+        dev.resume_stream(t).unwrap();
+        pages.push_fence(&mut g, Some(k), u).unwrap();
+        let q1 = dev.call_counts().event_queries;
+        assert!(pages.learn_complete(&mut g, i, between));
+        assert_eq!(dev.call_counts().event_queries, q1 + 2);
+        assert!(
+            PagePool::idle(&g, Some(t), e2),
+            "done past the covering fence"
+        );
+        // Known now: no question, and a wait on it is none.
+        let before = dev.call_counts();
+        assert_eq!(pages.wait_fence(&mut g, s, t, between).unwrap(), between);
+        assert_eq!(dev.call_counts(), before);
+        assert!(!dev.waits_on(s, t));
+    }
 }
