@@ -918,17 +918,25 @@ fn moved_pages_come_back_through_their_old_mappings() {
     assert_eq!(dev.outstanding().mappings, 0);
 }
 
+/// A pool keeping old mappings on one stream, with a region whose first `pages` pages were committed,
+/// freed and then moved to page 16 on (committed there, still in use): old mappings of pages in use
+/// elsewhere at 0..pages.
+fn moved_and_in_use(dev: &Arc<SimDevice>, pages: u64) -> (Arc<PagePool>, Region) {
+    let pool = pool_with(dev, keeping());
+    pool.set_fence_stream(Some(0));
+    let r = Region::new(&pool, 64 * MIB, "t").unwrap();
+    r.commit(0, pages * PAGE, true).unwrap();
+    r.decommit(0, pages * PAGE);
+    r.commit(32 * MIB, pages * PAGE, true).unwrap();
+    (pool, r)
+}
+
 /// An old mapping whose page is in use at its new address cannot bring it back: it is unmapped, and the
 /// address gets another page (here a new one: nothing else is free).
 #[test]
 fn an_old_mapping_of_a_page_in_use_makes_way() {
     let dev = Arc::new(SimDevice::new());
-    let pool = pool_with(&dev, keeping());
-    pool.set_fence_stream(Some(0));
-    let r = Region::new(&pool, 64 * MIB, "t").unwrap();
-    r.commit(0, 2 * MIB, true).unwrap();
-    r.decommit(0, 2 * MIB);
-    r.commit(32 * MIB, 2 * MIB, true).unwrap(); // page 0 moves to 16, still in use there
+    let (pool, r) = moved_and_in_use(&dev, 1); // page 0 moves to 16, still in use there
     let before = dev.calls();
     r.commit(0, 2 * MIB, true).unwrap();
     let d = dev.calls().since(&before);
@@ -953,12 +961,7 @@ fn an_old_mapping_of_a_page_in_use_makes_way() {
 #[test]
 fn old_mappings_in_the_way_go_in_one_unmap_a_run() {
     let dev = Arc::new(SimDevice::config().backed(true).build().unwrap());
-    let pool = pool_with(&dev, keeping());
-    pool.set_fence_stream(Some(0));
-    let r = Region::new(&pool, 64 * MIB, "t").unwrap();
-    r.commit(0, 8 * MIB, true).unwrap(); // pages 0-3
-    r.decommit(0, 8 * MIB);
-    r.commit(32 * MIB, 8 * MIB, true).unwrap(); // pages 0-3 move to 16-19, still in use there
+    let (pool, r) = moved_and_in_use(&dev, 4); // pages 0-3 move to 16-19, still in use there
     let pattern: Vec<u8> = (0..8 * MIB).map(|i| (i / MIB) as u8 + 3).collect();
     dev.write(r.base() + 32 * MIB, &pattern).unwrap();
     assert_eq!(pool.stats().zombies, 4);
