@@ -491,10 +491,8 @@ impl PagePool {
             (None, Some(t), Some(streams)) => {
                 // `t` waits for each, and a fence on `t` after those waits covers them all (for the old
                 // mapping).
-                let busy: Vec<StreamId> = streams
-                    .into_iter()
-                    .filter(|&s| !self.ask_idle(g, s, freed))
-                    .collect();
+                let mut busy = streams;
+                busy.retain(|&s| !self.ask_idle(g, s, freed));
                 if busy.is_empty() {
                     // Every stream that used its bytes is done (the device says so).
                     return Ok(Settled::Idle);
