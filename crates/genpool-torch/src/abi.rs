@@ -148,6 +148,12 @@ pub extern "C" fn genpool_init(device_count: c_int) {
 #[no_mangle]
 pub extern "C" fn genpool_reset() {
     guard("genpool_reset", (), || {
+        // PyTorch's emptyCache waits for the events of blocks freed after uses on other streams
+        // first (so they are given back too); genpool's are the held-back blocks. Not during a
+        // capture, where no event may be waited for (they stay held).
+        if let Err(e) = ROUTER.flush_deferred() {
+            log::error!("genpool: empty_cache: waiting for held-back blocks: {e}");
+        }
         let released: u64 = ROUTER.trim()
             // Tagged memory (sleep_abi).
             + sleep_abi::trim_all();
@@ -169,8 +175,10 @@ pub extern "C" fn genpool_set_memory_fraction(fraction: f64, device: c_int) {
 }
 
 /// PyTorch's `record_stream_fn` (`Tensor.record_stream(stream)`): the block at `ptr` is used on `stream`
-/// too. When it is freed, the free's stream first waits (an event per recorded stream, `cuStreamWaitEvent`)
-/// for the work queued on `stream` up to the free, so the block is not reused while that work runs.
+/// too. When it is freed, it is not reused before the work queued on `stream` up to the free has run:
+/// by default as PyTorch's own allocator does it — nothing when `stream` is idle then, else an event
+/// recorded there and the block held out of reuse until it completes, no stream made to wait
+/// (`GENPOOL_CONF=record_stream:wait`: the free's stream waits on the device instead).
 #[no_mangle]
 pub extern "C" fn genpool_record_stream(ptr: *mut c_void, stream: cudaStream_t) {
     guard("genpool_record_stream", (), || {
@@ -207,6 +215,9 @@ fn stats_value(device: c_int) -> Result<serde_json::Value, PluginError> {
             map.insert("memory_fraction_cap".into(), json!(s.cap()));
             let (waits, fallbacks) = ROUTER.ordering(s.index())?;
             map.insert("stream_waits".into(), json!(waits));
+            let all = ROUTER.all_stats();
+            map.insert("held_back".into(), json!(all.deferred_pending));
+            map.insert("use_queries".into(), json!(all.use_queries));
             map.insert("sync_fallbacks".into(), json!(fallbacks));
         }
         map.insert(

@@ -13,13 +13,14 @@
 //! | 3 | `out_of_memory_is_null_and_recoverable` |
 //! | 4 | `foreign_and_double_frees_are_refused_once_logged` |
 //! | 5 | `many_threads_allocate_and_free` |
-//! | 6 | `record_stream_orders_the_free_after_the_other_stream` |
+//! | 6 | `record_stream_orders_the_free_after_the_other_stream` (`record_stream:wait`) |
 //! | 7 | `panics_are_caught_at_the_boundary` |
 //! | 8 | `memory_fraction_caps_live_bytes` |
 //! | 9 | `stats_json_is_safe_with_short_buffers` |
 //! | 10 | `record_stream_falls_back_to_synchronize` |
 //! | 11 | `reset_and_trim_release_cached_memory` |
 //! | 12, 13 | `sleep_abi::tests` (tags, sleep, wake) |
+//! | 14 | `record_stream_holds_the_block_until_the_other_streams_work_is_done` |
 //! | 20-29 | `backend_tests` |
 //! | 30-39 | `graph_tests` (captures, checkpoints, IPC, peers) |
 //! | 63 | `untouched_device_reports_uninitialised` (never allocated on) |
@@ -73,6 +74,10 @@ fn u(v: &Value, key: &str) -> u64 {
 }
 
 fn sim(index: usize, capacity: u64) -> (Arc<SimDevice>, c_int) {
+    sim_with(index, capacity, Config::default())
+}
+
+fn sim_with(index: usize, capacity: u64, cfg: Config) -> (Arc<SimDevice>, c_int) {
     let dev = Arc::new(
         SimDevice::config()
             .capacity(capacity)
@@ -82,7 +87,7 @@ fn sim(index: usize, capacity: u64) -> (Arc<SimDevice>, c_int) {
             .build()
             .unwrap(),
     );
-    testing::install(index, dev.clone(), Config::default());
+    testing::install(index, dev.clone(), cfg);
     (dev, index as c_int)
 }
 
@@ -323,9 +328,74 @@ fn many_threads_allocate_and_free() {
     assert_eq!(u(&s, "num_invalid_frees"), 0);
 }
 
+/// PyTorch's rule, the default: a block recorded on a busy stream is held out of reuse until an event
+/// recorded there at its free completes; the freeing stream never waits; an idle stream needs only a
+/// question; empty_cache waits for held blocks and gives their memory back.
+#[test]
+fn record_stream_holds_the_block_until_the_other_streams_work_is_done() {
+    let (dev, d) = sim(14, 4 << 30);
+    let (s1, s2) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
+    let p = malloc(8 << 20, d, stream_ptr(s1));
+    genpool_record_stream(p, stream_ptr(s2));
+    genpool_record_stream(p, stream_ptr(s1)); // its own stream: nothing to order
+    dev.pause_stream(s2).unwrap(); // a kernel on s2 still uses the block
+    let before = dev.calls();
+    genpool_free(p, 8 << 20, d, stream_ptr(s1));
+    let delta = dev.calls().since(&before);
+    assert_eq!(
+        (
+            delta[CallKind::StreamQuery],
+            delta[CallKind::EventRecord],
+            delta[CallKind::StreamWaitEvent]
+        ),
+        (1, 1, 0)
+    );
+    dev.stream_synchronize(s1)
+        .expect("s1 never waits for s2: the streams keep overlapping");
+    // Held: still live in the engine (these are the engine's counts; the backend's PyTorch counts,
+    // `backend_tests`, drop at the free as PyTorch's own do).
+    let s = stats(d);
+    assert_eq!(u(&s, "allocated_current"), 8 << 20);
+    assert_eq!((u(&s, "held_back"), u(&s, "stream_waits")), (1, 0));
+    // While s2 runs its bytes are not handed out again.
+    let q = malloc(8 << 20, d, stream_ptr(s1));
+    assert_ne!(q, p);
+    dev.resume_stream(s2).unwrap();
+    dev.stream_synchronize(s2).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1));
+    genpool_free(q, 8 << 20, d, stream_ptr(s1));
+    assert_eq!(u(&stats(d), "held_back"), 0, "released by a later call");
+    // s2 idle at the free: one question, no event, no wait, nothing held.
+    let r = malloc(8 << 20, d, stream_ptr(s1));
+    assert_eq!(r, p, "the released bytes are best fit's again");
+    genpool_record_stream(r, stream_ptr(s2));
+    let before = dev.calls();
+    genpool_free(r, 8 << 20, d, stream_ptr(s1));
+    let delta = dev.calls().since(&before);
+    assert_eq!(
+        (
+            delta[CallKind::StreamQuery],
+            delta[CallKind::EventRecord],
+            delta[CallKind::StreamWaitEvent]
+        ),
+        (1, 0, 0)
+    );
+    // empty_cache waits for held blocks and gives them back.
+    let h = malloc(8 << 20, d, stream_ptr(s1));
+    genpool_record_stream(h, stream_ptr(s2));
+    dev.pause_stream(s2).unwrap();
+    genpool_free(h, 8 << 20, d, stream_ptr(s1));
+    assert_eq!(u(&stats(d), "held_back"), 1);
+    dev.resume_stream(s2).unwrap();
+    genpool_reset();
+    let s = stats(d);
+    assert_eq!((u(&s, "held_back"), u(&s, "reserved_current")), (0, 0));
+}
+
+/// `record_stream:wait`: the free's stream waits on the device for the other stream instead.
 #[test]
 fn record_stream_orders_the_free_after_the_other_stream() {
-    let (dev, d) = sim(6, 4 << 30);
+    let (dev, d) = sim_with(6, 4 << 30, Config::parse("record_stream:wait").unwrap());
     let (s1, s2) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
     let p = malloc(1 << 20, d, stream_ptr(s1));
     assert!(!p.is_null());
@@ -367,7 +437,7 @@ fn record_stream_orders_the_free_after_the_other_stream() {
 
 #[test]
 fn record_stream_falls_back_to_synchronize() {
-    let (dev, d) = sim(10, 4 << 30);
+    let (dev, d) = sim_with(10, 4 << 30, Config::parse("record_stream:wait").unwrap());
     let (s1, s2) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
     let p = malloc(4096, d, stream_ptr(s1));
     genpool_record_stream(p, stream_ptr(s2));

@@ -22,6 +22,22 @@ pub enum StreamArenas {
     First,
 }
 
+/// How a free orders the reuse of a block used on other streams of its own device (PyTorch's
+/// `Tensor.record_stream`; `record_stream` key).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum RecordStream {
+    /// PyTorch's own rule: a stream of the uses found idle at the free needs nothing; for each busy one
+    /// an event is recorded there, and the block is held back — still live in its engine, out of reuse —
+    /// until those events have completed (polled by later calls, waited for before an allocation fails
+    /// for lack of memory or the cache is emptied). No stream waits for another, so work the program
+    /// meant to overlap still overlaps. During a capture, where no event may be polled, [`Self::Wait`].
+    Hold,
+    /// The block is reused at once: the freeing stream waits on the device (`cuStreamWaitEvent`) for
+    /// the work queued so far on each stream of the uses. No block is held back, but the freeing stream's
+    /// later work is ordered after those streams' — the overlap of the two is lost.
+    Wait,
+}
+
 /// Where mid-lived allocations go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub enum MidTier {
@@ -144,6 +160,7 @@ pub const KEYS: &[Key] = &[
     key("eager_unmap", "true/false", "false", "Unmap pages as soon as they are unused (debugging use-after-free; slower)."),
     key("thread_caches", "allocating threads, 0 = never", "3", "From this many threads allocating large blocks on, each thread keeps its last few freed ones (same size, same stream; at most 4 blocks, 128 MiB) for its next allocations, past the arena's and the page pool's locks."),
     key("magazines", "true/false", "true", "Each thread keeps up to 16 slab blocks per size class it freed for its next allocations of that class on the same stream, past the slab's lock-free lists (emptied on a trim, before growing, and by the thread itself when asked)."),
+    key("record_stream", "hold or wait", "hold", "A block used on other streams of its device (`Tensor.record_stream`) and freed: hold — out of reuse until an event recorded on each busy stream of its uses completes (PyTorch's own rule: the streams keep overlapping); wait — reused at once, the freeing stream waiting on the device for those streams."),
     key("experimental.mid_tier", "stream or extent", "extent", "Where mid-lived blocks go: the extent arena, or the driver's stream-ordered pool (`stream` selects `experimental.routing:generational` unless the routing is given)."),
     key("experimental.long_tier", "buddy or extent", "extent", "Where long-lived blocks go: the extent arena, or the exact-fit buddy (`buddy` selects `experimental.routing:generational` unless the routing is given)."),
     key("experimental.routing", "single, generational or extent", "single", "single: by size alone (slab-sized blocks to the slab, the rest to the extent arena), no prediction made; generational: by predicted lifetime too (the classifier on every call; what the experimental tiers and extent_generations need); extent: every block to the extent arena (PyTorch's private pools)."),
@@ -246,6 +263,9 @@ pub struct Config {
     pub thread_caches: u32,
     /// Each thread keeps slab blocks it freed, per size class, for its next allocations (`mag.rs`).
     pub magazines: bool,
+    /// How a free orders the reuse of a block used on other streams of its device (see
+    /// [`RecordStream`]; applied by the router, [`crate::Pools`]).
+    pub record_stream: RecordStream,
     /// Periodic plans (gen-plan): detect a repeating allocation sequence (a training iteration), pack one
     /// period offline and serve it from one mapped range — no search, no page moves in steady state.
     /// Allocations that do not match the plan go to the tiers as usual. Single-stream only. On by
@@ -294,6 +314,7 @@ impl Default for Config {
             stream_arenas: StreamArenas::Shared,
             thread_caches: 3,
             magazines: true,
+            record_stream: RecordStream::Hold,
             plan: true,
             plan_max_period: PlanConfig::default().max_period,
             plan_min_moves: 0.005,
@@ -492,6 +513,13 @@ impl Config {
                 }
             }
             "magazines" => self.magazines = parse_bool(value).map_err(bad)?,
+            "record_stream" => {
+                self.record_stream = match value {
+                    "hold" => RecordStream::Hold,
+                    "wait" => RecordStream::Wait,
+                    _ => return Err(bad("expected 'hold' or 'wait'".into())),
+                }
+            }
             "thread_caches" => {
                 self.thread_caches = value
                     .parse()
@@ -600,7 +628,7 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{}: {e}", k.name));
             assert_eq!(c, Config::default(), "{} default {}", k.name, k.default);
         }
-        assert_eq!(KEYS.len(), 25);
+        assert_eq!(KEYS.len(), 26);
         assert!(matches!(
             Config::parse("experimental.limit:1G"),
             Err(ConfigError::UnknownKey { .. })

@@ -18,12 +18,17 @@
 //!   ([`Pools::release_engine`]) takes no allocation and is dropped with its last block.
 //! - [`Pools::record_use`] says a block is used on a stream of some device (peer access enabled by the
 //!   caller, or a second stream of the owner — PyTorch's `record_stream`). At free, a use on another
-//!   stream of the owner makes the free's stream wait for an event recorded on that stream (where the
-//!   event calls fail, the device is synchronized instead); a use on a *peer* device records an event on
-//!   the peer's stream and the block is held back — still live in its engine — until that event
-//!   completes. Held-back blocks are released by the next [`Pools::alloc`] or [`Pools::free`] that finds
-//!   their events complete, by [`Pools::poll_deferred`], or by [`Pools::flush_deferred`] (which waits);
-//!   an allocation that runs out of memory waits for them and retries once.
+//!   stream of the owner is handled as [`RecordStream`] says (`Config::record_stream`): by default as
+//!   PyTorch's own allocator does — nothing if that stream is idle (one `cuStreamQuery`), else an
+//!   event recorded there and the block held back; with `wait`, the free's stream waits for an event
+//!   recorded on that stream (where the event calls fail, the device is synchronized instead). A use
+//!   on a *peer* device records an event on the peer's stream and the block is held back. A held-back
+//!   block is still live in its engine until its events complete; the next [`Pools::alloc`] or
+//!   [`Pools::free`] that finds them complete releases it (a poll that found none complete puts the
+//!   next off by 1 … 64 µs), as do [`Pools::poll_deferred`] and [`Pools::flush_deferred`] (which
+//!   waits); an allocation that runs out of memory waits for them and retries once. While a capture
+//!   is underway nothing is polled or waited for (CUDA refuses it), and a free after uses is ordered by
+//!   a wait the graph records.
 //!
 //! The per-call words — device count, whether any secondary engine, recorded use or held-back block
 //! exists, whether ranges meet — share one cache line; while none of those exists the router adds a
@@ -40,7 +45,7 @@ use gen_device::{Device, DeviceError, DeviceKind, EventHandle, StreamId};
 use parking_lot::{Mutex, RwLock};
 
 use crate::error::{FreeFault, GenpoolError, Result};
-use crate::{Block, Config, Hint, LiveBlock, Pool, PoolStats};
+use crate::{Block, Config, Hint, LiveBlock, Pool, PoolStats, RecordStream};
 
 /// The most device indices one router serves (its slots are an array).
 pub const MAX_DEVICES: usize = 64;
@@ -251,6 +256,8 @@ struct Slot<E> {
     stream_waits: AtomicU64,
     /// Frees ordered by a whole-device synchronize because an event call failed.
     sync_fallbacks: AtomicU64,
+    /// Streams of uses asked whether they were idle at a free ([`RecordStream::Hold`]).
+    use_queries: AtomicU64,
 }
 
 impl<E> Slot<E> {
@@ -261,6 +268,7 @@ impl<E> Slot<E> {
             events: EventSpares::new(),
             stream_waits: AtomicU64::new(0),
             sync_fallbacks: AtomicU64::new(0),
+            use_queries: AtomicU64::new(0),
         }
     }
 
@@ -281,8 +289,14 @@ struct Hot {
     engines: AtomicUsize,
     /// Blocks with recorded uses.
     used_blocks: AtomicUsize,
-    /// Blocks held back for peer work.
+    /// Blocks held back for work on other streams (peer devices', or the owner's: `record_stream`).
     deferred_len: AtomicUsize,
+    /// When the held-back blocks may be polled next (ns on [`clock_ns`]'s clock): a poll that released
+    /// nothing puts the next one 1, 2 … [`POLL_BACKOFF_MAX_NS`] / 1 µs µs later (`poll_backoff_ns`
+    /// says how far), one that released some lets the next call poll. Relaxed loads and stores: under
+    /// threads a poll can only come a little early or late.
+    poll_after: AtomicU64,
+    poll_backoff_ns: AtomicU64,
     /// Two devices' address ranges meet: frees are routed by lookup among the candidates.
     overlap: AtomicBool,
 }
@@ -309,7 +323,24 @@ impl Home<'_> {
     }
 }
 
-/// A block held back until work on peer devices is done.
+/// The longest a poll of the held-back blocks that released nothing puts off the next (an event query
+/// is ~0.2 µs; a block whose event has completed stays held at most this long past it while calls come).
+const POLL_BACKOFF_MAX_NS: u64 = 64_000;
+
+/// Nanoseconds since the first call (a monotonic clock for the poll backoff).
+fn clock_ns() -> u64 {
+    static EPOCH: OnceLock<std::time::Instant> = OnceLock::new();
+    u64::try_from(
+        EPOCH
+            .get_or_init(std::time::Instant::now)
+            .elapsed()
+            .as_nanos(),
+    )
+    .unwrap_or(u64::MAX)
+}
+
+/// A block held back until work on other streams — of peer devices, or of its own device under
+/// [`RecordStream::Hold`] — is done.
 struct Deferred {
     owner: usize,
     engine: Option<Arc<Engine>>,
@@ -317,8 +348,10 @@ struct Deferred {
     size: u64,
     /// The stream to free it on (`None`: its own, [`Pool::free_owned`]).
     stream: Option<StreamId>,
-    /// `(device, event)`: each recorded on the peer stream that used the block.
-    events: Vec<(usize, EventHandle)>,
+    /// `(device, stream, event)`: each recorded on a stream that used the block, at its free. Events
+    /// of one stream complete in the order they were recorded, and the list is in the order of the
+    /// frees, so a poll that finds one pending asks no later event of that stream.
+    events: Vec<(usize, StreamId, EventHandle)>,
 }
 
 /// What a [`Pools::free`] did.
@@ -330,8 +363,8 @@ pub struct Freed {
     pub engine: u64,
     /// Bytes the block spanned.
     pub size: u64,
-    /// True when the block is held back until peer-device work recorded by [`Pools::record_use`]
-    /// completes (it is then still counted live in its engine).
+    /// True when the block is held back until work on other streams recorded by
+    /// [`Pools::record_use`] completes (it is then still counted live in its engine).
     pub deferred: bool,
 }
 
@@ -347,9 +380,13 @@ pub struct PoolsStats {
     pub stream_waits: u64,
     /// Frees ordered by a device synchronize because an event call failed.
     pub sync_fallbacks: u64,
+    /// Streams of uses on the owning device asked at a free whether they were idle
+    /// ([`RecordStream::Hold`]; an idle one needs neither a wait nor a hold).
+    pub use_queries: u64,
     /// Blocks with recorded uses now.
     pub recorded_blocks: usize,
-    /// Frees held back for peer-device uses, in total.
+    /// Frees held back for uses on other streams (peer devices', or the owner's under
+    /// [`RecordStream::Hold`]), in total.
     pub deferred_frees: u64,
     /// Blocks held back now.
     pub deferred_pending: usize,
@@ -475,6 +512,8 @@ impl<O: Opener> Pools<O> {
                 engines: AtomicUsize::new(0),
                 used_blocks: AtomicUsize::new(0),
                 deferred_len: AtomicUsize::new(0),
+                poll_after: AtomicU64::new(0),
+                poll_backoff_ns: AtomicU64::new(0),
                 overlap: AtomicBool::new(false),
             },
             bounds: [const { AddressBounds::new() }; MAX_DEVICES],
@@ -586,7 +625,7 @@ impl<O: Opener> Pools<O> {
         let pool = self.pool(device)?;
         admit(pool)?;
         if self.hot.deferred_len.load(Relaxed) != 0 {
-            self.poll_deferred();
+            self.poll_deferred_due();
         }
         let block = match pool.alloc(size, stream, hint) {
             Err(e) if e.is_oom() && self.hot.deferred_len.load(Relaxed) != 0 => {
@@ -839,7 +878,7 @@ impl<O: Opener> Pools<O> {
     /// one still held.
     #[cold]
     fn check_deferred(&self, ptr: u64) -> Result<()> {
-        self.poll_deferred();
+        self.poll_deferred_due();
         if self.deferred.lock().iter().any(|d| d.ptr == ptr) {
             return Err(GenpoolError::InvalidFree {
                 ptr,
@@ -911,14 +950,32 @@ impl<O: Opener> Pools<O> {
         };
         let on = stream.unwrap_or(block.stream);
         let owner_dev = home.pool().device().clone();
-        let mut peer_events = Vec::new();
+        // Hold the block for the owner's other streams (PyTorch's rule) unless told to wait, or while a
+        // capture is underway: no event may be polled then, and a wait is what the graph can record.
+        let hold =
+            home.pool().config().record_stream == RecordStream::Hold && !self.capture_underway();
+        let mut events = Vec::new();
         let mut synced = false;
         let res = (|| -> Result<()> {
             for &(d, s) in &uses {
                 if d == owner {
-                    if s != on && !synced {
-                        synced = self.wait_same_device(owner, owner_dev.as_ref(), s, on, ptr)?;
+                    if s == on || synced {
+                        continue;
                     }
+                    if hold {
+                        match self.hold_for(owner, owner_dev.as_ref(), s) {
+                            Ok(None) => continue,
+                            Ok(Some(ev)) => {
+                                events.push((owner, s, ev));
+                                continue;
+                            }
+                            Err(e) => log::debug!(
+                                "genpool: holding {ptr:#x} for stream {s:#x} failed ({e}); \
+                                 ordering its free after that stream instead"
+                            ),
+                        }
+                    }
+                    synced = self.wait_same_device(owner, owner_dev.as_ref(), s, on, ptr)?;
                 } else {
                     let peer = self.slots[d]
                         .created()
@@ -930,20 +987,20 @@ impl<O: Opener> Pools<O> {
                         self.slots[d].events.give(ev);
                         return Err(e.into());
                     }
-                    peer_events.push((d, ev));
+                    events.push((d, s, ev));
                 }
             }
             Ok(())
         })();
         if let Err(e) = res {
             // Nothing was freed: keep the uses so a retry orders the free again.
-            for (d, ev) in peer_events {
+            for (d, _, ev) in events {
                 self.slots[d].events.give(ev);
             }
             self.put_uses(ptr, uses);
             return Err(e);
         }
-        if peer_events.is_empty() {
+        if events.is_empty() {
             return self.free_now(owner, &home, ptr, stream);
         }
         let freed = Freed {
@@ -961,11 +1018,50 @@ impl<O: Opener> Pools<O> {
             ptr,
             size: block.size,
             stream,
-            events: peer_events,
+            events,
         });
         self.hot.deferred_len.fetch_add(1, Relaxed);
         self.deferred_total.fetch_add(1, Relaxed);
+        // Poll at the next chance: the events just recorded may be the only ones held.
+        self.hot.poll_after.store(0, Relaxed);
+        self.hot.poll_backoff_ns.store(0, Relaxed);
         Ok((freed, block))
+    }
+
+    /// What a free under [`RecordStream::Hold`] needs for the owner's stream `other`: nothing when the
+    /// stream is idle (every use queued there has run; one `cuStreamQuery`), else an event recorded
+    /// there now, to be polled before the block is reused. An error: neither could be had.
+    fn hold_for(
+        &self,
+        owner: usize,
+        dev: &dyn Device,
+        other: StreamId,
+    ) -> Result<Option<EventHandle>> {
+        let slot = &self.slots[owner];
+        slot.use_queries.fetch_add(1, Relaxed);
+        match dev.stream_query(other) {
+            Ok(true) => return Ok(None),
+            Ok(false) => {}
+            // A failed question is taken as busy: the event answers for the stream.
+            Err(e) => log::debug!("genpool: asking whether stream {other:#x} is idle: {e}"),
+        }
+        let ev = slot.events.take(dev)?;
+        if let Err(e) = dev.event_record(ev, other) {
+            slot.events.give(ev);
+            return Err(e.into());
+        }
+        Ok(Some(ev))
+    }
+
+    /// Whether a capture is underway on any device with an engine (no event may be queried or waited
+    /// for then: CUDA's global capture mode refuses those calls from every thread, and invalidates the
+    /// capture).
+    fn capture_underway(&self) -> bool {
+        let high = self.hot.high.load(Relaxed).min(MAX_DEVICES);
+        self.slots[..high]
+            .iter()
+            .filter_map(Slot::created)
+            .any(|p| p.device().captures().active())
     }
 
     /// Make `stream` of device `owner` wait for the work queued so far on its stream `other`; where an
@@ -1023,57 +1119,101 @@ impl<O: Opener> Pools<O> {
         self.release_deferred(true).map_err(O::Error::from)
     }
 
+    /// [`Pools::poll_deferred`] where the backoff allows it: calls while blocks are held back poll
+    /// them, but after a poll that released nothing the next waits 1, 2 … 64 µs (the events are still
+    /// pending; each question costs a driver call).
+    #[cold]
+    fn poll_deferred_due(&self) {
+        let now = clock_ns();
+        if now < self.hot.poll_after.load(Relaxed) {
+            return;
+        }
+        let backoff = if self.poll_deferred() == 0 {
+            (self.hot.poll_backoff_ns.load(Relaxed) * 2).clamp(1_000, POLL_BACKOFF_MAX_NS)
+        } else {
+            0
+        };
+        self.hot.poll_backoff_ns.store(backoff, Relaxed);
+        self.hot
+            .poll_after
+            .store(now.saturating_add(backoff), Relaxed);
+    }
+
     fn release_deferred(&self, wait: bool) -> Result<usize> {
+        if self.capture_underway() {
+            // No event may be queried or waited for while a capture runs: the blocks stay held until
+            // a call after it.
+            return Ok(0);
+        }
         let mut list = self.deferred.lock();
         let mut released = 0;
         let mut first_err = None;
-        let mut i = 0;
-        while i < list.len() {
-            let done = list[i].events.iter().try_fold(true, |done, &(d, ev)| {
-                let dev = self.slots[d]
+        // Streams with an event found pending by this poll: their later events are pending too.
+        let mut pending: Vec<(usize, StreamId)> = Vec::new();
+        let mut kept = Vec::with_capacity(list.len());
+        let mut stop = false;
+        for d in std::mem::take(&mut *list) {
+            if stop {
+                kept.push(d);
+                continue;
+            }
+            let mut done = true;
+            for &(dv, s, ev) in &d.events {
+                if !wait && pending.contains(&(dv, s)) {
+                    done = false;
+                    break;
+                }
+                let dev = self.slots[dv]
                     .created()
-                    .expect("a peer with an event has an engine")
+                    .expect("a device with an event has an engine")
                     .device();
-                if wait {
-                    dev.event_synchronize(ev).map(|()| done)
+                let answer = if wait {
+                    dev.event_synchronize(ev).map(|()| true)
                 } else {
-                    dev.event_query(ev).map(|c| done && c)
-                }
-            });
-            match done {
-                Ok(true) => {
-                    let d = list.swap_remove(i);
-                    self.hot.deferred_len.fetch_sub(1, Relaxed);
-                    for &(dev, ev) in &d.events {
-                        self.slots[dev].events.give(ev);
-                    }
-                    let home = match d.engine {
-                        Some(e) => Home::Engine(e),
-                        None => Home::Default(
-                            self.slots[d.owner]
-                                .created()
-                                .expect("a held-back block's owner has an engine"),
-                        ),
-                    };
-                    if let Err(e) = self.free_now(d.owner, &home, d.ptr, d.stream) {
-                        log::error!(
-                            "genpool: freeing held-back block {:#x} ({} B): {e}",
-                            d.ptr,
-                            d.size
-                        );
-                    }
-                    released += 1;
-                }
-                Ok(false) => i += 1,
-                Err(e) => {
-                    first_err.get_or_insert(e);
-                    if wait {
+                    dev.event_query(ev)
+                };
+                match answer {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        pending.push((dv, s));
+                        done = false;
                         break;
                     }
-                    i += 1;
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                        pending.push((dv, s));
+                        stop = wait;
+                        done = false;
+                        break;
+                    }
                 }
             }
+            if !done {
+                kept.push(d);
+                continue;
+            }
+            self.hot.deferred_len.fetch_sub(1, Relaxed);
+            for &(dv, _, ev) in &d.events {
+                self.slots[dv].events.give(ev);
+            }
+            let home = match d.engine {
+                Some(e) => Home::Engine(e),
+                None => Home::Default(
+                    self.slots[d.owner]
+                        .created()
+                        .expect("a held-back block's owner has an engine"),
+                ),
+            };
+            if let Err(e) = self.free_now(d.owner, &home, d.ptr, d.stream) {
+                log::error!(
+                    "genpool: freeing held-back block {:#x} ({} B): {e}",
+                    d.ptr,
+                    d.size
+                );
+            }
+            released += 1;
         }
+        *list = kept;
         match first_err {
             Some(e) => Err(e.into()),
             None => Ok(released),
@@ -1227,6 +1367,7 @@ impl<O: Opener> Pools<O> {
             unrouted_frees: self.unrouted.load(Relaxed),
             stream_waits: sum(|s| &s.stream_waits),
             sync_fallbacks: sum(|s| &s.sync_fallbacks),
+            use_queries: sum(|s| &s.use_queries),
             recorded_blocks: self.hot.used_blocks.load(Relaxed),
             deferred_frees: self.deferred_total.load(Relaxed),
             deferred_pending: self.hot.deferred_len.load(Relaxed),

@@ -35,7 +35,7 @@ mod tcache;
 pub mod thread_slot;
 mod tier;
 
-pub use config::{Config, ConfigError, LongTier, MidTier, Routing, StreamArenas};
+pub use config::{Config, ConfigError, LongTier, MidTier, RecordStream, Routing, StreamArenas};
 pub use devices::{DeviceFactory, Engine, Factory, Freed, Opener, Pools, PoolsStats, MAX_DEVICES};
 pub use error::{FreeFault, GenpoolError, OomReport, Result, TierUsage};
 pub use gen_classifier::Lifetime;

@@ -329,8 +329,9 @@ fn a_use_on_another_stream_of_the_owner_orders_the_free() {
     pools.record_use(b.ptr, 1, 0).unwrap();
     let f = pools.free(b.ptr, 0).unwrap();
     assert_eq!((f.device, f.deferred), (1, false));
+    // `side` is idle: asked once, neither waited for nor held.
     let s = pools.all_stats();
-    assert_eq!((s.stream_waits, s.deferred_frees), (1, 0));
+    assert_eq!((s.stream_waits, s.deferred_frees, s.use_queries), (0, 0, 1));
     assert_eq!(pools.stats(1).unwrap().allocated_current, 0);
     // Recording a use of something that is not a live block is refused.
     assert_eq!(
@@ -452,7 +453,8 @@ fn secondary_engines_keep_their_blocks_and_free_by_address() {
 #[test]
 fn recorded_uses_order_frees_of_engine_blocks_and_fall_back_to_synchronize() {
     use gen_device::sim::CallKind;
-    let (pools, devs) = sim_pools(1, Config::default());
+    // `record_stream:wait`: the free's stream waits on the device (the default holds the block).
+    let (pools, devs) = sim_pools(1, Config::parse("record_stream:wait").unwrap());
     let e = pools.add_engine(0, 3).unwrap();
     let dev = devs.lock()[0].clone().unwrap();
     let (s1, s2) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
@@ -490,6 +492,147 @@ fn recorded_uses_order_frees_of_engine_blocks_and_fall_back_to_synchronize() {
         (1, 1, 0)
     );
     assert_eq!(pools.stats(0).unwrap().allocated_current, 0);
+}
+
+/// PyTorch's own rule for `record_stream` (the default, `record_stream:hold`): a block used on a busy
+/// stream of its device is held out of reuse until an event recorded there at its free completes — the
+/// freeing stream never waits for the using one, so the two keep overlapping.
+#[test]
+fn a_block_used_on_a_busy_stream_is_held_until_that_streams_work_is_done() {
+    use gen_device::sim::CallKind;
+    let (pools, devs) = sim_pools(1, Config::default());
+    pools.pool(0).unwrap();
+    let dev = devs.lock()[0].clone().unwrap();
+    let (s1, s2) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
+    let b = pools.alloc(0, 8 * MIB, s1, Hint::NONE).unwrap();
+    pools.record_use(b.ptr, 0, s2).unwrap();
+    dev.pause_stream(s2).unwrap(); // a kernel on s2 still reads the block
+    let before = dev.calls();
+    let f = pools.free(b.ptr, s1).unwrap();
+    assert!(f.deferred, "held back, not freed");
+    let delta = dev.calls().since(&before);
+    assert_eq!(
+        (
+            delta[CallKind::StreamQuery],
+            delta[CallKind::EventRecord],
+            delta[CallKind::StreamWaitEvent]
+        ),
+        (1, 1, 0),
+        "asked, an event recorded on s2, no stream made to wait"
+    );
+    dev.stream_synchronize(s1)
+        .expect("s1 does not wait for s2: the streams still overlap");
+    assert_eq!(pools.stats(0).unwrap().allocated_current, 8 * MIB);
+    assert_eq!(
+        pools.free(b.ptr, s1).unwrap_err(),
+        GenpoolError::InvalidFree {
+            ptr: b.ptr,
+            fault: FreeFault::DoubleFree
+        },
+        "a held block freed again is a double free"
+    );
+    // While s2 runs, a block of the same size does not get its bytes.
+    let c = pools.alloc(0, 8 * MIB, s1, Hint::NONE).unwrap();
+    assert!(
+        c.ptr + c.size <= b.ptr || b.ptr + b.size <= c.ptr,
+        "the held block's bytes were handed out while s2 could still use them"
+    );
+    assert_eq!(pools.all_stats().deferred_pending, 1);
+    // s2's work done: a later call (past the poll's backoff, at most 64 µs) releases the block.
+    dev.resume_stream(s2).unwrap();
+    dev.stream_synchronize(s2).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1));
+    pools.free(c.ptr, s1).unwrap();
+    let st = pools.all_stats();
+    assert_eq!(
+        (
+            st.deferred_pending,
+            st.deferred_frees,
+            st.stream_waits,
+            st.use_queries
+        ),
+        (0, 1, 0, 1)
+    );
+    assert_eq!(pools.stats(0).unwrap().allocated_current, 0);
+    let d = pools.alloc(0, 8 * MIB, s1, Hint::NONE).unwrap();
+    assert_eq!(d.ptr, b.ptr, "released: best fit takes its bytes again");
+    pools.free(d.ptr, s1).unwrap();
+}
+
+/// A stream of the uses that is idle at the free needs neither a hold nor a wait: one question.
+#[test]
+fn a_block_whose_using_stream_is_idle_is_freed_at_once() {
+    use gen_device::sim::CallKind;
+    let (pools, devs) = sim_pools(1, Config::default());
+    pools.pool(0).unwrap();
+    let dev = devs.lock()[0].clone().unwrap();
+    let (s1, s2) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
+    let b = pools.alloc(0, 8 * MIB, s1, Hint::NONE).unwrap();
+    pools.record_use(b.ptr, 0, s2).unwrap();
+    pools.record_use(b.ptr, 0, s1).unwrap(); // its own stream: nothing to order
+    let before = dev.calls();
+    let f = pools.free(b.ptr, s1).unwrap();
+    assert!(!f.deferred);
+    let delta = dev.calls().since(&before);
+    assert_eq!(
+        (
+            delta[CallKind::StreamQuery],
+            delta[CallKind::EventRecord],
+            delta[CallKind::StreamWaitEvent]
+        ),
+        (1, 0, 0)
+    );
+    let d = pools.alloc(0, 8 * MIB, s1, Hint::NONE).unwrap();
+    assert_eq!(d.ptr, b.ptr);
+    // A failed question is taken as busy: the block is held on an event instead.
+    pools.record_use(d.ptr, 0, s2).unwrap();
+    dev.fail_next(CallKind::StreamQuery);
+    assert!(pools.free(d.ptr, s1).unwrap().deferred);
+    assert_eq!(pools.flush_deferred().unwrap(), 1);
+    assert_eq!(pools.stats(0).unwrap().allocated_current, 0);
+}
+
+/// During a capture no event may be polled: a free of a block used on another stream is ordered by a
+/// wait the graph records, blocks held before the capture stay held (no query), and a call after it
+/// releases them.
+#[test]
+fn during_a_capture_a_recorded_use_is_waited_for_and_nothing_is_polled() {
+    use gen_device::sim::CallKind;
+    let (pools, devs) = sim_pools(1, Config::default());
+    pools.pool(0).unwrap();
+    let dev = devs.lock()[0].clone().unwrap();
+    let (s1, s2) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
+    let held = pools.alloc(0, 4 * MIB, s1, Hint::NONE).unwrap();
+    pools.record_use(held.ptr, 0, s2).unwrap();
+    dev.pause_stream(s2).unwrap();
+    assert!(pools.free(held.ptr, s1).unwrap().deferred);
+    let b = pools.alloc(0, MIB, s1, Hint::NONE).unwrap();
+    pools.record_use(b.ptr, 0, s2).unwrap();
+    dev.begin_capture(s1).unwrap();
+    dev.captures().begin();
+    let before = dev.calls();
+    let f = pools.free(b.ptr, s1).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1));
+    let c = pools.alloc(0, MIB, s1, Hint::NONE).unwrap();
+    let delta = dev.calls().since(&before);
+    assert!(!f.deferred, "ordered by a wait during a capture");
+    assert_eq!(
+        (
+            delta[CallKind::StreamWaitEvent],
+            delta[CallKind::EventQuery],
+            delta[CallKind::StreamQuery]
+        ),
+        (1, 0, 0)
+    );
+    assert_eq!(pools.all_stats().deferred_pending, 1, "still held");
+    assert!(dev.captures().end());
+    dev.end_capture()
+        .expect("the capture stayed valid: no forbidden call");
+    dev.resume_stream(s2).unwrap();
+    dev.stream_synchronize(s2).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1));
+    pools.free(c.ptr, s1).unwrap();
+    assert_eq!(pools.all_stats().deferred_pending, 0, "released after it");
 }
 
 /// A router in a `static`, as the PyTorch plug-in keeps one: simulated devices, fixed capacity.
