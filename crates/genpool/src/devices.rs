@@ -354,6 +354,35 @@ struct Deferred {
     events: Vec<(usize, StreamId, EventHandle)>,
 }
 
+/// The held-back blocks, in the order of their frees, and their addresses (a free or a recorded use
+/// checks whether its block is held with one look-up, however many are).
+struct Held {
+    list: Vec<Deferred>,
+    ptrs: std::collections::HashSet<u64, HeldHasher>,
+}
+
+/// Addresses of held blocks are not attacker-chosen: the default hasher with fixed keys, which a
+/// `static` router can build in a const context.
+type HeldHasher = std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher>;
+
+impl Held {
+    const fn new() -> Self {
+        Held {
+            list: Vec::new(),
+            ptrs: std::collections::HashSet::with_hasher(HeldHasher::new()),
+        }
+    }
+
+    fn holds(&self, ptr: u64) -> bool {
+        !self.ptrs.is_empty() && self.ptrs.contains(&ptr)
+    }
+
+    fn push(&mut self, d: Deferred) {
+        self.ptrs.insert(d.ptr);
+        self.list.push(d);
+    }
+}
+
 /// What a [`Pools::free`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Freed {
@@ -402,7 +431,7 @@ pub struct Pools<O: Opener = Factory> {
     opener: O,
     /// Recorded uses: block address → `(device, stream)`s.
     uses: [UseShard; USE_SHARDS],
-    deferred: Mutex<Vec<Deferred>>,
+    deferred: Mutex<Held>,
     deferred_total: AtomicU64,
     unrouted: AtomicU64,
 }
@@ -520,7 +549,7 @@ impl<O: Opener> Pools<O> {
             slots: [const { Slot::new() }; MAX_DEVICES],
             opener,
             uses: [const { Mutex::new(None) }; USE_SHARDS],
-            deferred: Mutex::new(Vec::new()),
+            deferred: Mutex::new(Held::new()),
             deferred_total: AtomicU64::new(0),
             unrouted: AtomicU64::new(0),
         }
@@ -879,7 +908,7 @@ impl<O: Opener> Pools<O> {
     #[cold]
     fn check_deferred(&self, ptr: u64) -> Result<()> {
         self.poll_deferred_due();
-        if self.deferred.lock().iter().any(|d| d.ptr == ptr) {
+        if self.deferred.lock().holds(ptr) {
             return Err(GenpoolError::InvalidFree {
                 ptr,
                 fault: FreeFault::DoubleFree,
@@ -916,8 +945,7 @@ impl<O: Opener> Pools<O> {
         stream: StreamId,
     ) -> std::result::Result<(), O::Error> {
         self.pool(device)?;
-        let deferred = self.hot.deferred_len.load(Relaxed) != 0
-            && self.deferred.lock().iter().any(|d| d.ptr == ptr);
+        let deferred = self.hot.deferred_len.load(Relaxed) != 0 && self.deferred.lock().holds(ptr);
         if deferred || self.owner(ptr).is_none() {
             return Err(unknown(ptr).into());
         }
@@ -1145,14 +1173,14 @@ impl<O: Opener> Pools<O> {
             // a call after it.
             return Ok(0);
         }
-        let mut list = self.deferred.lock();
+        let mut held = self.deferred.lock();
         let mut released = 0;
         let mut first_err = None;
         // Streams with an event found pending by this poll: their later events are pending too.
         let mut pending: Vec<(usize, StreamId)> = Vec::new();
-        let mut kept = Vec::with_capacity(list.len());
+        let mut kept = Vec::with_capacity(held.list.len());
         let mut stop = false;
-        for d in std::mem::take(&mut *list) {
+        for d in std::mem::take(&mut held.list) {
             if stop {
                 kept.push(d);
                 continue;
@@ -1193,6 +1221,7 @@ impl<O: Opener> Pools<O> {
                 continue;
             }
             self.hot.deferred_len.fetch_sub(1, Relaxed);
+            held.ptrs.remove(&d.ptr);
             for &(dv, _, ev) in &d.events {
                 self.slots[dv].events.give(ev);
             }
@@ -1213,7 +1242,7 @@ impl<O: Opener> Pools<O> {
             }
             released += 1;
         }
-        *list = kept;
+        held.list = kept;
         match first_err {
             Some(e) => Err(e.into()),
             None => Ok(released),
