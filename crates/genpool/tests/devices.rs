@@ -4,7 +4,7 @@
 use std::sync::mpsc;
 use std::sync::Arc;
 
-use gen_device::sim::{SimDevice, ORDINAL_STRIDE};
+use gen_device::sim::{CallKind, SimDevice, ORDINAL_STRIDE};
 use gen_device::{Device, DeviceError};
 use genpool::{
     Config, FreeFault, GenpoolError, Hint, Lifetime, MidTier, Pools, StreamId, Tier, ALIGN,
@@ -452,7 +452,6 @@ fn secondary_engines_keep_their_blocks_and_free_by_address() {
 
 #[test]
 fn recorded_uses_order_frees_of_engine_blocks_and_fall_back_to_synchronize() {
-    use gen_device::sim::CallKind;
     // `record_stream:wait`: the free's stream waits on the device (the default holds the block).
     let (pools, devs) = sim_pools(1, Config::parse("record_stream:wait").unwrap());
     let e = pools.add_engine(0, 3).unwrap();
@@ -494,16 +493,32 @@ fn recorded_uses_order_frees_of_engine_blocks_and_fall_back_to_synchronize() {
     assert_eq!(pools.stats(0).unwrap().allocated_current, 0);
 }
 
+/// A router over one simulated device under the default configuration, and two of its streams (the
+/// router boxed: it is ~340 KB, and a test thread's stack holds few copies of it).
+fn two_streams() -> (Box<Pools>, Arc<SimDevice>, u64, u64) {
+    let (pools, devs) = sim_pools(1, Config::default());
+    let pools = Box::new(pools);
+    pools.pool(0).unwrap();
+    let dev = devs.lock()[0].clone().unwrap();
+    let (s1, s2) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
+    (pools, dev, s1, s2)
+}
+
+/// Stream questions, event records and stream waits among the calls `delta` counts.
+fn ordering_calls(delta: &gen_device::sim::SimCalls) -> (u64, u64, u64) {
+    (
+        delta[CallKind::StreamQuery],
+        delta[CallKind::EventRecord],
+        delta[CallKind::StreamWaitEvent],
+    )
+}
+
 /// PyTorch's own rule for `record_stream` (the default, `record_stream:hold`): a block used on a busy
 /// stream of its device is held out of reuse until an event recorded there at its free completes — the
 /// freeing stream never waits for the using one, so the two keep overlapping.
 #[test]
 fn a_block_used_on_a_busy_stream_is_held_until_that_streams_work_is_done() {
-    use gen_device::sim::CallKind;
-    let (pools, devs) = sim_pools(1, Config::default());
-    pools.pool(0).unwrap();
-    let dev = devs.lock()[0].clone().unwrap();
-    let (s1, s2) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
+    let (pools, dev, s1, s2) = two_streams();
     let b = pools.alloc(0, 8 * MIB, s1, Hint::NONE).unwrap();
     pools.record_use(b.ptr, 0, s2).unwrap();
     dev.pause_stream(s2).unwrap(); // a kernel on s2 still reads the block
@@ -512,11 +527,7 @@ fn a_block_used_on_a_busy_stream_is_held_until_that_streams_work_is_done() {
     assert!(f.deferred, "held back, not freed");
     let delta = dev.calls().since(&before);
     assert_eq!(
-        (
-            delta[CallKind::StreamQuery],
-            delta[CallKind::EventRecord],
-            delta[CallKind::StreamWaitEvent]
-        ),
+        ordering_calls(&delta),
         (1, 1, 0),
         "asked, an event recorded on s2, no stream made to wait"
     );
@@ -562,11 +573,7 @@ fn a_block_used_on_a_busy_stream_is_held_until_that_streams_work_is_done() {
 /// A stream of the uses that is idle at the free needs neither a hold nor a wait: one question.
 #[test]
 fn a_block_whose_using_stream_is_idle_is_freed_at_once() {
-    use gen_device::sim::CallKind;
-    let (pools, devs) = sim_pools(1, Config::default());
-    pools.pool(0).unwrap();
-    let dev = devs.lock()[0].clone().unwrap();
-    let (s1, s2) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
+    let (pools, dev, s1, s2) = two_streams();
     let b = pools.alloc(0, 8 * MIB, s1, Hint::NONE).unwrap();
     pools.record_use(b.ptr, 0, s2).unwrap();
     pools.record_use(b.ptr, 0, s1).unwrap(); // its own stream: nothing to order
@@ -574,14 +581,7 @@ fn a_block_whose_using_stream_is_idle_is_freed_at_once() {
     let f = pools.free(b.ptr, s1).unwrap();
     assert!(!f.deferred);
     let delta = dev.calls().since(&before);
-    assert_eq!(
-        (
-            delta[CallKind::StreamQuery],
-            delta[CallKind::EventRecord],
-            delta[CallKind::StreamWaitEvent]
-        ),
-        (1, 0, 0)
-    );
+    assert_eq!(ordering_calls(&delta), (1, 0, 0));
     let d = pools.alloc(0, 8 * MIB, s1, Hint::NONE).unwrap();
     assert_eq!(d.ptr, b.ptr);
     // A failed question is taken as busy: the block is held on an event instead.
@@ -597,11 +597,7 @@ fn a_block_whose_using_stream_is_idle_is_freed_at_once() {
 /// releases them.
 #[test]
 fn during_a_capture_a_recorded_use_is_waited_for_and_nothing_is_polled() {
-    use gen_device::sim::CallKind;
-    let (pools, devs) = sim_pools(1, Config::default());
-    pools.pool(0).unwrap();
-    let dev = devs.lock()[0].clone().unwrap();
-    let (s1, s2) = (dev.stream_create().unwrap(), dev.stream_create().unwrap());
+    let (pools, dev, s1, s2) = two_streams();
     let held = pools.alloc(0, 4 * MIB, s1, Hint::NONE).unwrap();
     pools.record_use(held.ptr, 0, s2).unwrap();
     dev.pause_stream(s2).unwrap();
