@@ -12,12 +12,17 @@ streams run spin kernels (`torch.cuda._sleep`, one block each, so they overlap o
 - `prefetch`: the next batch is made and filled on a side stream (a data prefetcher's copy stream),
   the main stream waits for it, records it and spins; the batch is dropped when the next one arrives.
 
-Overlapped, a step takes about one spin; serialized, two. Prints one JSON line per mode and pattern:
+- `serve4`: four serving streams, each allocating a buffer of one of four sizes, spinning a quarter
+  of a spin and dropping it on its own stream (no record_stream): blocks freed by one stream may be cut
+  again for another.
+
+Overlapped, a step takes about one spin (`serve4`: a quarter); serialized, two (`serve4`: one). Prints one JSON line per mode and pattern:
 ms a step (median of `--reps` timed runs of `--steps` steps), the spin alone, the step over the spin,
 peak reserved, and under genpool its count of device-side stream waits.
 
 Modes: native, expandable, genpool (its default, `record_stream:hold`), genpool-wait
-(`GENPOOL_CONF=record_stream:wait`).
+(`GENPOOL_CONF=record_stream:wait`), `genpool:<entries>` (those `GENPOOL_CONF` entries, `;` between
+them: `genpool:experimental.stream_arenas:own`, say).
 
 usage: record_stream_overlap.py [--modes native,genpool,genpool-wait] [--steps 50] [--spin-ms 2] [--reps 5]
 """
@@ -82,6 +87,25 @@ def prefetch(torch, steps, cycles, size):
     del nxt
 
 
+def serve(torch, steps, cycles, size, streams=4):
+    """Several serving streams, each allocating its request's buffers, running a kernel and dropping
+    them (no record_stream: every block is freed on its own stream). PyTorch's allocator keeps each
+    stream's blocks to itself, so the streams never wait for each other; an allocator that hands one
+    stream's freed bytes to another must order the two — on the device, a wait between the streams."""
+    ss = [torch.cuda.Stream() for _ in range(streams)]
+    sizes = [size // 4, size // 2, size, size // 8 * 3]
+    for k in range(steps):
+        for i, s in enumerate(ss):
+            with torch.cuda.stream(s):
+                n = sizes[(k * 7 + i * 3) % len(sizes)]
+                x = torch.empty(n // 4, device="cuda")
+                x.fill_(1.0)
+                torch.cuda._sleep(cycles // streams)
+                del x
+    for s in ss:
+        torch.cuda.current_stream().wait_stream(s)
+
+
 def run(mode, steps, spin_ms, reps, size):
     if mode.startswith("genpool"):
         import genpool_torch
@@ -89,7 +113,7 @@ def run(mode, steps, spin_ms, reps, size):
     import torch
     torch.cuda.init()
     cycles = spin_cycles(torch, spin_ms)
-    for name, fn in (("side", side), ("prefetch", prefetch)):
+    for name, fn in (("side", side), ("prefetch", prefetch), ("serve4", serve)):
         fn(torch, 5, cycles, size)  # warm: the blocks exist, the streams too
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -105,7 +129,8 @@ def run(mode, steps, spin_ms, reps, size):
             torch.cuda.synchronize()
             times.append((time.perf_counter() - t0) * 1e3 / steps)
         out = {
-            "mode": mode,
+            "mode": mode if mode != "genpool" or not os.environ.get("GENPOOL_CONF")
+            else f"genpool:{os.environ['GENPOOL_CONF']}",
             "pattern": name,
             "ms_a_step": round(statistics.median(times), 3),
             "ms_min": round(min(times), 3),
@@ -140,8 +165,11 @@ def main():
         env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
         if mode == "expandable":
             env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-        if mode == "genpool-wait":  # the free's stream waits on the device instead of holding
-            env["GENPOOL_CONF"] = ",".join(filter(None, [env.get("GENPOOL_CONF"), "record_stream:wait"]))
+        conf = {"genpool-wait": "record_stream:wait"}.get(mode)
+        if mode.startswith("genpool:"):  # genpool:<GENPOOL_CONF entries, ';' between them>
+            conf = mode.split(":", 1)[1].replace(";", ",")
+        if conf:
+            env["GENPOOL_CONF"] = ",".join(filter(None, [env.get("GENPOOL_CONF"), conf]))
         cmd = [sys.executable, os.path.abspath(__file__), "--mode", mode, "--steps", str(a.steps),
                "--spin-ms", str(a.spin_ms), "--reps", str(a.reps), "--size-mib", str(a.size_mib)]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
