@@ -7,6 +7,6 @@ STEPS_DEFAULT=rs
 . "$(dirname "$0")/env.sh"
 machine_info
 timeout 300 python3 benches/gpu/record_stream_overlap.py --reps 3 \
-  --modes "${RS_MODES:-native,genpool,genpool:experimental.stream_arenas:own,genpool:experimental.stream_arenas:first}" \
+  --modes "${RS_MODES:-native,genpool,genpool:experimental.busy_freers:pass,genpool:experimental.stream_arenas:own}" \
   > "$OUT/rs2.jsonl" 2> "$OUT/rs2.err"
 echo "rs rc=$?"; cat "$OUT/machine.txt" "$OUT/rs2.jsonl"; tail -3 "$OUT/rs2.err"

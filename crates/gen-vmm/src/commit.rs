@@ -344,9 +344,15 @@ impl PagePool {
             .pages[pidx as usize]
             .handle
             .is_none());
-        // An old mapping left here by a move: take its page back if it is free, else it must go before
-        // a page can be mapped.
-        if let Some(h) = self.take_back(g, rid, pidx, synced)? {
+        let under_limit = self
+            .cfg
+            .limit
+            .is_none_or(|l| (g.stats.pages_held + 1) * self.page <= l);
+        let pass = under_limit && self.pass_busy.load(Relaxed);
+        // An old mapping left here by a move: take its page back if it is free (and not warm with a
+        // busy stream's work, where a new page may be made instead), else it must go before a page
+        // can be mapped.
+        if let Some(h) = self.take_back(g, rid, pidx, synced, pass)? {
             return Ok(Taken::Mapped(h));
         }
         let stay = self.pages_stay();
@@ -357,10 +363,6 @@ impl PagePool {
         self.clear_zombie(g, rid, pidx, synced)?;
         // Within the headroom (and the limit), a new page is cheaper than moving one.
         let headroom = (g.stats.pages_in_use_peak as f64 * (1.0 + self.slack())).ceil() as u64;
-        let under_limit = self
-            .cfg
-            .limit
-            .is_none_or(|l| (g.stats.pages_held + 1) * self.page <= l);
         let create_first = grow && g.stats.pages_held < headroom && under_limit;
         Ok(Taken::Unmapped(if let Some(h) = g.free_handles.pop() {
             h
@@ -371,9 +373,13 @@ impl PagePool {
             }
             self.create(g, false, rid, pidx, synced)?
         } else if !create_first {
-            match self.steal(g, rid, pidx, synced)? {
-                Some(h) => h,
-                None => self.create(g, false, rid, pidx, synced)?,
+            // Pages a busy stream freed are passed over where a new page may be made instead.
+            match self.steal_passing(g, rid, pidx, synced, pass)? {
+                Stolen::Page(h) => h,
+                Stolen::None => self.create(g, false, rid, pidx, synced)?,
+                // A new page instead (as where no page is free); out of device memory, the page is
+                // stolen after all (and waited for).
+                Stolen::PassedBusy => self.create(g, true, rid, pidx, synced)?,
             }
         } else {
             self.create(g, true, rid, pidx, synced)?
@@ -389,6 +395,7 @@ impl PagePool {
         rid: u32,
         pidx: u32,
         synced: &mut bool,
+        pass_busy: bool,
     ) -> Result<Option<PhysHandle>, VmmError> {
         let Some(z) = g.regions[rid as usize]
             .as_ref()
@@ -415,6 +422,15 @@ impl PagePool {
                 if self.capturing() && hot.warm(g.done_epoch) && g.fence_stream.is_none() {
                     // Several streams: a warm page moves after the committing stream waits on its last
                     // users' fence (or a synchronize), which the capture forbids.
+                    return Ok(None);
+                }
+                // (Only where the old mapping here is idle: unmapping a warm one waits on the host.)
+                if pass_busy
+                    && Self::idle(g, z.stream, z.epoch)
+                    && self.busy_elsewhere(g, orid, opidx)
+                {
+                    // Warm with a busy stream's work: taking it back would wait for that work.
+                    g.stats.passed_busy += 1;
                     return Ok(None);
                 }
                 let target = g.committing_for;
@@ -534,6 +550,85 @@ impl PagePool {
         let Some((orid, opidx)) = pop_free_mapped_excluding(g, rid, pidx) else {
             return Ok(None);
         };
+        self.steal_page(g, orid, opidx, synced)
+    }
+
+    /// [`steal`](Self::steal), except that with `pass` a page whose last users' stream is known busy
+    /// (a wait or a question found it so, and its backoff has not run out: [`PagePool::learn_idle`])
+    /// is left where it is: the committing stream would wait on the device for that stream's work,
+    /// which it never shared. Several serving streams, each busy, then each keep to pages of their own
+    /// (new ones, at the memory that costs) instead of running one after another. Where no stream was
+    /// ever found busy — every replay — nothing is passed over.
+    fn steal_passing(
+        &self,
+        g: &mut Inner,
+        rid: u32,
+        pidx: u32,
+        synced: &mut bool,
+        pass: bool,
+    ) -> Result<Stolen, VmmError> {
+        let Some((orid, opidx)) = pop_free_mapped_excluding(g, rid, pidx) else {
+            return Ok(Stolen::None);
+        };
+        if pass && self.busy_elsewhere(g, orid, opidx) {
+            g.free_mapped.insert((opidx, orid));
+            g.stats.passed_busy += 1;
+            return Ok(Stolen::PassedBusy);
+        }
+        Ok(match self.steal_page(g, orid, opidx, synced)? {
+            Some(h) => Stolen::Page(h),
+            None => Stolen::None,
+        })
+    }
+
+    /// Whether the free page `(rid, pidx)` is warm with work of one stream other than the one
+    /// committing, which is known busy (see [`steal_passing`](Self::steal_passing)).
+    fn busy_elsewhere(&self, g: &mut Inner, rid: u32, pidx: u32) -> bool {
+        let Some(target) = g.committing_for else {
+            return false;
+        };
+        if g.fence_stream.is_some() || self.capturing() {
+            return false;
+        }
+        let (hot, stream, mask) = {
+            let r = g.regions[rid as usize].as_ref().expect("registered region");
+            (
+                r.hot[pidx as usize],
+                r.stream,
+                r.pages[pidx as usize].freed_on,
+            )
+        };
+        if !hot.warm(g.done_epoch) {
+            return false;
+        }
+        let freed = hot.freed_epoch(g.epoch);
+        // The page's stream, or — a page of a shared region — each stream that freed bytes on it.
+        let streams = match stream.or_else(|| Self::mask_stream(g, mask)) {
+            Some(s) => vec![s],
+            None => match Self::mask_streams(g, mask) {
+                Some(v) => v,
+                None => return false,
+            },
+        };
+        streams.into_iter().any(|s| {
+            if s == target || Self::idle(g, Some(s), freed) {
+                return false;
+            }
+            let i = Self::stream_entry(g, s);
+            // Never found busy: taken, asked and waited for as before. Found busy: passed over until
+            // its backoff runs out, then asked (idle: taken).
+            g.stream_fences[i].busy != 0 && !self.learn_idle(g, i, s)
+        })
+    }
+
+    /// Steal the free page `(orid, opidx)`, out of the free set already.
+    fn steal_page(
+        &self,
+        g: &mut Inner,
+        orid: u32,
+        opidx: u32,
+        synced: &mut bool,
+    ) -> Result<Option<PhysHandle>, VmmError> {
         let target = g.committing_for;
         let how = match self.settle(g, orid, opidx, synced, target) {
             Ok(how) => how,
@@ -913,6 +1008,15 @@ fn pop_free_mapped_excluding(g: &mut Inner, rid: u32, pidx: u32) -> Option<(u32,
         "an unbacked page is never free-mapped"
     );
     Some((orid, opidx))
+}
+
+/// What [`PagePool::steal_passing`] found.
+enum Stolen {
+    Page(PhysHandle),
+    /// No free page.
+    None,
+    /// The free page to steal is warm with a busy stream's work: left there.
+    PassedBusy,
 }
 
 /// A physical page found for an unbacked page (see `PagePool::take_page`).

@@ -26,7 +26,7 @@ pub(crate) struct StreamFences {
     asked: u64,
     /// Stream questions ([`PagePool::learn_idle`]) that found the stream busy in a row (at most
     /// [`BUSY_BACKOFF`]), and how many waits to make before asking again.
-    busy: u32,
+    pub(crate) busy: u32,
     skip: u32,
 }
 
@@ -108,8 +108,18 @@ impl PagePool {
     /// [`order_after_fence`](Self::order_after_fence) with it orders another stream after the same work
     /// with no new fence.
     pub fn order_after(&self, stream: StreamId, after: StreamId) -> Result<Option<u64>, VmmError> {
+        self.order_after_busy(stream, after).map(|(e, _)| e)
+    }
+
+    /// [`order_after`](Self::order_after), also saying whether `stream` had to wait on the device:
+    /// `after`'s work was neither waited for already nor found complete or idle — `after` is busy.
+    pub fn order_after_busy(
+        &self,
+        stream: StreamId,
+        after: StreamId,
+    ) -> Result<(Option<u64>, bool), VmmError> {
         if stream == after {
-            return Ok(None);
+            return Ok((None, false));
         }
         if self.capturing() {
             return Err(VmmError::Capturing(
@@ -117,8 +127,19 @@ impl PagePool {
             ));
         }
         let mut g = self.lock();
-        let now = g.epoch;
-        self.wait_fence(&mut g, stream, after, now).map(Some)
+        let (now, waits) = (g.epoch, g.stats.stream_waits);
+        let e = self.wait_fence(&mut g, stream, after, now)?;
+        Ok((Some(e), g.stats.stream_waits > waits))
+    }
+
+    /// Whether everything queued on `stream` so far has completed: one `cuStreamQuery`, asked now
+    /// whatever the backoff of earlier questions (an idle answer retires its fences, as
+    /// `learn_idle`'s does). False during a capture, where it may not be asked.
+    pub fn stream_idle(&self, stream: StreamId) -> bool {
+        let mut g = self.lock();
+        let i = Self::stream_entry(&mut g, stream);
+        g.stream_fences[i].skip = 0;
+        self.learn_idle(&mut g, i, stream)
     }
 
     /// Make future work on `stream` wait for `after`'s work up to the fence of epoch `epoch` (one that
@@ -130,19 +151,33 @@ impl PagePool {
         after: StreamId,
         epoch: u64,
     ) -> Result<(), VmmError> {
+        self.order_after_fence_busy(stream, after, epoch)
+            .map(|_| ())
+    }
+
+    /// [`order_after_fence`](Self::order_after_fence), also saying whether `stream` had to wait on the
+    /// device (that work of `after` was not known or found complete: `after` is busy).
+    pub fn order_after_fence_busy(
+        &self,
+        stream: StreamId,
+        after: StreamId,
+        epoch: u64,
+    ) -> Result<bool, VmmError> {
         if stream == after {
-            return Ok(());
+            return Ok(false);
         }
         let mut g = self.lock();
         if Self::idle(&g, Some(after), epoch) {
-            return Ok(());
+            return Ok(false);
         }
         if self.capturing() {
             return Err(VmmError::Capturing(
                 "ordering a stream after another's queued work",
             ));
         }
-        self.wait_fence(&mut g, stream, after, epoch).map(|_| ())
+        let waits = g.stats.stream_waits;
+        self.wait_fence(&mut g, stream, after, epoch)?;
+        Ok(g.stats.stream_waits > waits)
     }
 
     /// Make `target` wait on the device for a fence of `after` covering epoch `epoch` (the newest one
@@ -235,7 +270,7 @@ impl PagePool {
     /// found busy is asked less often (after 1, 2, 4, … 64 more such waits; once idle again, every
     /// time), so that under load the questions stay a small part of the waits they could not save.
     /// Never during a capture.
-    fn learn_idle(&self, g: &mut Inner, i: usize, after: StreamId) -> bool {
+    pub(crate) fn learn_idle(&self, g: &mut Inner, i: usize, after: StreamId) -> bool {
         let (now, sf, spare) = fences_of(g, i);
         if sf.skip > 0 {
             sf.skip -= 1;
@@ -325,7 +360,7 @@ impl PagePool {
     }
 
     /// The index of `stream`'s entry in the stream fences, made if new.
-    fn stream_entry(g: &mut Inner, stream: StreamId) -> usize {
+    pub(crate) fn stream_entry(g: &mut Inner, stream: StreamId) -> usize {
         match g.stream_fences.iter().position(|sf| sf.stream == stream) {
             Some(i) => i,
             None => {

@@ -226,6 +226,9 @@ pub struct PagePoolStats {
     /// Of the moves, those that aliased a page still possibly in use (mapped at the new address, the old
     /// mapping unmapped once a fence completes) instead of synchronizing the device.
     pub aliases: u64,
+    /// Free pages left where they were because their last users' stream was busy (a new page made
+    /// instead, so that the committing stream need not wait for that stream's work).
+    pub passed_busy: u64,
     /// Device synchronizations done to move pages (several streams, or a zombie mapping in the way).
     pub syncs: u64,
     /// Several streams: moves of a page still possibly in use by another stream's queued work, ordered
@@ -360,6 +363,8 @@ pub struct PagePool {
     asleep: AtomicBool,
     /// See [`PagePool::set_keep_mappings`].
     keep_mappings: AtomicBool,
+    /// See [`PagePool::set_pass_busy`].
+    pass_busy: AtomicBool,
     inner: Mutex<Inner>,
     device: Arc<dyn Device>,
     cfg: PagePoolConfig,
@@ -413,6 +418,7 @@ impl PagePool {
             }),
             asleep: AtomicBool::new(false),
             keep_mappings: AtomicBool::new(false),
+            pass_busy: AtomicBool::new(false),
             slack: AtomicU64::new(slack.to_bits()),
         }))
     }
@@ -477,6 +483,16 @@ impl PagePool {
     /// may replay.
     pub fn set_keep_mappings(&self, keep: bool) {
         self.keep_mappings.store(keep, Relaxed);
+    }
+
+    /// Several streams: leave a free page where it is — and make a new one, within the limit and the
+    /// device's memory — rather than move it (or take it back through an old mapping) for a stream that
+    /// would have to wait on the device for a *busy* stream's work on it (one a wait or a question
+    /// found busy, until its backoff runs out). Off by default (the engine's
+    /// `experimental.busy_freers:pass` turns it on): busy serving streams then keep to pages of their
+    /// own, at the memory that costs. No stream is ever found busy in a replay.
+    pub fn set_pass_busy(&self, on: bool) {
+        self.pass_busy.store(on, Relaxed);
     }
 
     /// Whether no page may leave its address now: a capture is underway on the device, or the pool

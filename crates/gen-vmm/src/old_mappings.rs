@@ -16,10 +16,10 @@ pub(crate) struct Zombie {
     /// epoch or later has completed (on `stream`, when set: see [`StreamFences`]).
     ///
     /// [`StreamFences`]: crate::fences::StreamFences
-    epoch: u64,
+    pub(crate) epoch: u64,
     /// The stream whose fence covers the mapping's last users (several streams); `None`: the device-wide
     /// fences (one stream) or a synchronize.
-    stream: Option<StreamId>,
+    pub(crate) stream: Option<StreamId>,
     /// The physical page it maps (now owned by another address, cached, or mapped nowhere else).
     pub(crate) handle: PhysHandle,
 }

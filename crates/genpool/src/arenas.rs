@@ -85,6 +85,8 @@ struct Rest {
     streams: Option<StreamArenas>,
     /// Placement candidates in the shared arena while several streams allocate there.
     shared_placement: usize,
+    /// Pass over bytes owed to freers known busy ([`ExtentsConfig::pass_busy`]).
+    pass_busy: bool,
     pages: Arc<PagePool>,
 }
 
@@ -100,6 +102,8 @@ pub(crate) struct ExtentsConfig {
     pub placement_candidates: usize,
     /// Each arena's old generation (`ExtentConfig::old_after`; 0 = none).
     pub old_after: u64,
+    /// In the shared arena, pass over bytes owed to freers known busy (`Config::busy_freers`).
+    pub pass_busy: bool,
 }
 
 /// The extent arenas of streams after the first. With `own`, a slot's arena is made at its stream's
@@ -234,6 +238,7 @@ impl Extents {
                 main_handoff: Handoff::new(),
                 streams,
                 shared_placement: cfg.placement_candidates.max(SHARED_PLACEMENT),
+                pass_busy: cfg.pass_busy,
                 pages: pages.clone(),
             }),
         })
@@ -307,6 +312,33 @@ impl Extents {
                 .before_use(&rest.pages, req.stream, stamp)
                 .map_err(vmm_err)
         };
+        // Freers known busy: bytes that owe them nothing first (among 16 best fits, else address space
+        // no block used), so that this stream does not wait on the device for work it never shared;
+        // none to be had (no memory for them), the bytes best fit chose, and the wait.
+        let busy = if rest.pass_busy && candidates > 1 {
+            handoff.busy_bits(&rest.pages)
+        } else {
+            0
+        };
+        if busy != 0 {
+            let owes_none = |stamp| !handoff.owes_any_of(req.stream, stamp, busy);
+            match arena.alloc_ordered(
+                req.size,
+                req.grow,
+                req.stream,
+                candidates,
+                Some(&owes_none),
+                order,
+            ) {
+                // No such bytes (or a capture, whose own fallback follows): best fit's, ordered.
+                Err(
+                    TierError::Exhausted { .. }
+                    | TierError::WouldGrow { .. }
+                    | TierError::Vmm(VmmError::Capturing(_)),
+                ) => {}
+                r => return r,
+            }
+        }
         match arena.alloc_ordered(req.size, req.grow, req.stream, candidates, None, order) {
             // A capture cannot take the ordering those bytes need: bytes that need none, if any.
             Err(TierError::Vmm(VmmError::Capturing(what))) => {

@@ -38,6 +38,24 @@ pub enum RecordStream {
     Wait,
 }
 
+/// What an allocation in the arena the streams after the first share does with bytes a busy stream
+/// freed (`experimental.busy_freers` key).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum BusyFreers {
+    /// Pass over them where other bytes serve (bytes owing nothing to the streams a wait found busy,
+    /// among 16 best fits, else address space no block used), and pass over free pages warm with such
+    /// a stream's work (a new page instead, `gen_vmm::PagePool::set_pass_busy`): the streams keep
+    /// running side by side, each mostly reusing its own bytes, at the memory that costs. A freer is
+    /// asked again after 1, 3, 7 … 63 allocations; found idle, its bytes serve again. Where no stream
+    /// is ever busy (a replay) placement is best fit's, unchanged. Experimental (session 28: the
+    /// simulator's all-busy model keeps a third of its waits at 3.7× the memory; not measured on a GPU).
+    Pass,
+    /// Take best fit's bytes and the pool's pages, and wait on the device for their last users (the
+    /// layout uses the fewest pages; busy streams run one after another where bytes pass between
+    /// them). The default.
+    Wait,
+}
+
 /// Where mid-lived allocations go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub enum MidTier {
@@ -171,6 +189,7 @@ pub const KEYS: &[Key] = &[
     key("experimental.placement_candidates", "count, 0 to 64", "1", "Extent arena: how many best-fitting free extents to compare for the fewest new pages (0 or 1 = plain best fit)."),
     key("experimental.extent_generations", "true/false", "false", "One extent arena per predicted generation for the first stream (`true` selects `experimental.routing:generational` unless the routing is given)."),
     key("experimental.stream_arenas", "shared, own or first", "shared", "Several streams: the streams after the first share one extent arena, each waiting (on the device) only for the streams that freed the bytes it gets; own: an arena for each (up to four, later ones shared), pages moving between them; first: every stream in the first stream's arena, ordered after the others' frees."),
+    key("experimental.busy_freers", "pass or wait", "wait", "Several streams: pass — bytes of the shared stream arena owed to streams a wait found busy, and free pages warm with such a stream's work, are passed over where others (or a new page) serve, so busy serving streams keep running side by side at the memory that costs; wait — best fit's bytes and the pool's pages, the allocating stream waiting on the device for their last users."),
     key("experimental.plan_pin", "true/false", "true", "Plans map each page of their range once and keep it while served; false: planned blocks commit their own pages."),
     key("experimental.plan_max_period", "large allocations, 16 to 1048576", "8192", "Longest period the planner looks for."),
     key("experimental.plan_min_moves", "fraction of the plan's footprint", "0.005", "Serve a ready plan only after two periods each moved this much in pages; 0 = as soon as ready."),
@@ -266,6 +285,8 @@ pub struct Config {
     /// How a free orders the reuse of a block used on other streams of its device (see
     /// [`RecordStream`]; applied by the router, [`crate::Pools`]).
     pub record_stream: RecordStream,
+    /// What the shared stream arena does with bytes busy streams freed (see [`BusyFreers`]).
+    pub busy_freers: BusyFreers,
     /// Periodic plans (gen-plan): detect a repeating allocation sequence (a training iteration), pack one
     /// period offline and serve it from one mapped range — no search, no page moves in steady state.
     /// Allocations that do not match the plan go to the tiers as usual. Single-stream only. On by
@@ -315,6 +336,7 @@ impl Default for Config {
             thread_caches: 3,
             magazines: true,
             record_stream: RecordStream::Hold,
+            busy_freers: BusyFreers::Wait,
             plan: true,
             plan_max_period: PlanConfig::default().max_period,
             plan_min_moves: 0.005,
@@ -513,6 +535,13 @@ impl Config {
                 }
             }
             "magazines" => self.magazines = parse_bool(value).map_err(bad)?,
+            "busy_freers" => {
+                self.busy_freers = match value {
+                    "pass" => BusyFreers::Pass,
+                    "wait" => BusyFreers::Wait,
+                    _ => return Err(bad("expected 'pass' or 'wait'".into())),
+                }
+            }
             "record_stream" => {
                 self.record_stream = match value {
                     "hold" => RecordStream::Hold,
@@ -628,7 +657,7 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{}: {e}", k.name));
             assert_eq!(c, Config::default(), "{} default {}", k.name, k.default);
         }
-        assert_eq!(KEYS.len(), 26);
+        assert_eq!(KEYS.len(), 27);
         assert!(matches!(
             Config::parse("experimental.limit:1G"),
             Err(ConfigError::UnknownKey { .. })

@@ -35,7 +35,9 @@ mod tcache;
 pub mod thread_slot;
 mod tier;
 
-pub use config::{Config, ConfigError, LongTier, MidTier, RecordStream, Routing, StreamArenas};
+pub use config::{
+    BusyFreers, Config, ConfigError, LongTier, MidTier, RecordStream, Routing, StreamArenas,
+};
 pub use devices::{DeviceFactory, Engine, Factory, Freed, Opener, Pools, PoolsStats, MAX_DEVICES};
 pub use error::{FreeFault, GenpoolError, OomReport, Result, TierUsage};
 pub use gen_classifier::Lifetime;

@@ -263,6 +263,7 @@ impl Pool {
         let va_of = |times: u64| props.total_mem.saturating_mul(times).div_ceil(page).max(1) * page;
         // An old generation takes half of each arena's VA: twice the VA keeps the young range's.
         let va_times = if cfg.old_generation > 0 { 2 } else { 1 };
+        pages.set_pass_busy(cfg.busy_freers == crate::config::BusyFreers::Pass);
         let extents = Extents::new(
             &pages,
             ExtentsConfig {
@@ -272,6 +273,7 @@ impl Pool {
                 stream_va: va_of(STREAM_ARENA_VA * va_times),
                 placement_candidates: cfg.placement_candidates,
                 old_after: cfg.old_generation,
+                pass_busy: cfg.busy_freers == crate::config::BusyFreers::Pass,
             },
         )?;
         let buddy = Buddy::new(&pages, BuddyConfig::default())?;
