@@ -837,6 +837,23 @@ fn prop_old_generation() {
     );
 }
 
+/// Passing over busy freers (`experimental.busy_freers:pass`): streams paused mid-program are busy, so
+/// the shared arena's placement and the page pool's steals and take-backs take their passing paths;
+/// every reuse must still be ordered, under pauses, faults and exhaustion.
+#[test]
+fn prop_busy_freers_pass() {
+    run(
+        "prop_busy_freers_pass",
+        Setup {
+            conf: "experimental.busy_freers:pass",
+            capacity: 384 * MIB,
+            backed: false,
+            huge: true,
+            faults: true,
+        },
+    );
+}
+
 /// The same with host-backed memory: a block of either range never overlaps another's bytes (every
 /// block filled with its own pattern, checked on free).
 #[test]
