@@ -258,16 +258,31 @@ impl ExtentArena {
     /// that needs the fewest pages mapped — reusing address ranges whose pages are still mapped is what
     /// lets a steady state run without moving pages (each move costs an unmap and a map). Ties keep
     /// best-fit order. With `usable`, only placements whose stamp it accepts, among the
-    /// [`CAPTURE_CANDIDATES`] best fits at least, else in address space no block ever used.
+    /// [`CAPTURE_CANDIDATES`] best fits at least, else in address space no block ever used. Where
+    /// committing a candidate for work on `stream` would wait for a stream known busy
+    /// ([`gen_vmm::Region::placement_costs`]; only while the pool passes over busy freers), it is left
+    /// alone: another candidate, else address space no block ever used, else it after all.
     fn place(
         &self,
         core: &mut ExtentCore,
         rounded: u64,
         candidates: usize,
         usable: Option<&dyn Fn(Stamp) -> bool>,
+        stream: Option<gen_device::StreamId>,
     ) -> Option<(u64, Stamp)> {
         let mut cands = match usable {
-            None if candidates <= 1 => return core.alloc_stamped(rounded),
+            None if candidates <= 1 => {
+                // Plain best fit, unless committing there would wait for a busy stream: then the
+                // best fits that would not, as below.
+                let blocked = self.region.passes_busy() && {
+                    let best = core.best_fit(rounded)?;
+                    self.region.placement_costs(&[(best, rounded)], stream)[0] == u64::MAX
+                };
+                if !blocked {
+                    return core.alloc_stamped(rounded);
+                }
+                core.candidates(rounded, CAPTURE_CANDIDATES)
+            }
             None => {
                 // The best fit first: when it needs no new page it is the choice (ties keep best-fit
                 // order), with one page walk and no list of candidates — most allocations of a steady
@@ -295,12 +310,14 @@ impl ExtentArena {
             return core.alloc_stamped(rounded);
         }
         let ranges: Vec<(u64, u64)> = cands.iter().map(|&o| (o, rounded)).collect();
-        let pages = self.region.unbacked_pages(&ranges);
-        let best = cands
-            .iter()
-            .zip(&pages)
-            .min_by_key(|&(_, &p)| p)
-            .map(|(&o, _)| o)?;
+        let pages = self.region.placement_costs(&ranges, stream);
+        let (&best, &cost) = cands.iter().zip(&pages).min_by_key(|&(_, &p)| p)?;
+        if cost == u64::MAX {
+            // Each would wait for a busy stream: bytes no block ever used, if any are left.
+            if let Some(placed) = core.alloc_unused(rounded) {
+                return Some(placed);
+            }
+        }
         core.alloc_at_stamped(best, rounded)
     }
 
@@ -310,7 +327,7 @@ impl ExtentArena {
     pub fn alloc(&self, size: u64, grow: bool) -> Result<u64, TierError> {
         let rounded = rounded(size)?;
         let mut g = self.inner.lock();
-        let (off, stamp) = self.take(&mut g, rounded, self.placement_candidates, None)?;
+        let (off, stamp) = self.take(&mut g, rounded, self.placement_candidates, None, None)?;
         self.commit_taken(&mut g, off, rounded, grow, stamp, None)?;
         Ok(self.base + off)
     }
@@ -334,7 +351,7 @@ impl ExtentArena {
     ) -> Result<u64, TierError> {
         let rounded = rounded(size)?;
         let mut g = self.inner.lock();
-        let (off, stamp) = self.take(&mut g, rounded, candidates, usable)?;
+        let (off, stamp) = self.take(&mut g, rounded, candidates, usable, Some(stream))?;
         if let Err(e) = order(stamp) {
             g.core_of(off).free_stamped(off, stamp);
             return Err(e);
@@ -361,12 +378,16 @@ impl ExtentArena {
         rounded: u64,
         candidates: usize,
         usable: Option<&dyn Fn(Stamp) -> bool>,
+        stream: Option<gen_device::StreamId>,
     ) -> Result<(u64, Stamp), TierError> {
         let Inner {
             core, old, clock, ..
         } = g;
-        let mut place =
-            |c: &mut ExtentCore| on_clock(clock, c, |c| self.place(c, rounded, candidates, usable));
+        let mut place = |c: &mut ExtentCore| {
+            on_clock(clock, c, |c| {
+                self.place(c, rounded, candidates, usable, stream)
+            })
+        };
         let placed = match old {
             None => place(core),
             Some(o) => {

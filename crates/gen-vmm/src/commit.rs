@@ -584,9 +584,17 @@ impl PagePool {
     /// Whether the free page `(rid, pidx)` is warm with work of one stream other than the one
     /// committing, which is known busy (see [`steal_passing`](Self::steal_passing)).
     fn busy_elsewhere(&self, g: &mut Inner, rid: u32, pidx: u32) -> bool {
-        let Some(target) = g.committing_for else {
-            return false;
-        };
+        match g.committing_for {
+            Some(target) => self.busy_for(g, rid, pidx, target),
+            None => false,
+        }
+    }
+
+    /// Whether the free page `(rid, pidx)` is warm with work of a stream other than `target` that is
+    /// known busy: a wait or a question found it so and its backoff has not run out
+    /// ([`PagePool::learn_idle`]; a stream never found busy is not). Moving the page to `target`'s
+    /// work would make `target` wait on the device for that stream.
+    pub(crate) fn busy_for(&self, g: &mut Inner, rid: u32, pidx: u32, target: StreamId) -> bool {
         if g.fence_stream.is_some() || self.capturing() {
             return false;
         }
@@ -602,15 +610,7 @@ impl PagePool {
             return false;
         }
         let freed = hot.freed_epoch(g.epoch);
-        // The page's stream, or — a page of a shared region — each stream that freed bytes on it.
-        let streams = match stream.or_else(|| Self::mask_stream(g, mask)) {
-            Some(s) => vec![s],
-            None => match Self::mask_streams(g, mask) {
-                Some(v) => v,
-                None => return false,
-            },
-        };
-        streams.into_iter().any(|s| {
+        let busy = |g: &mut Inner, s: StreamId| {
             if s == target || Self::idle(g, Some(s), freed) {
                 return false;
             }
@@ -618,7 +618,45 @@ impl PagePool {
             // Never found busy: taken, asked and waited for as before. Found busy: passed over until
             // its backoff runs out, then asked (idle: taken).
             g.stream_fences[i].busy != 0 && !self.learn_idle(g, i, s)
-        })
+        };
+        // The page's stream, or — a page of a shared region — each stream that freed bytes on it.
+        if let Some(s) = stream.or_else(|| Self::mask_stream(g, mask)) {
+            return busy(g, s);
+        }
+        match Self::mask_streams(g, mask) {
+            Some(v) => v.into_iter().any(|s| busy(g, s)),
+            None => false,
+        }
+    }
+
+    /// Whether committing page `pidx` of region `rid` (unbacked) for work on `target` would wait for a
+    /// stream known busy — its old mapping here is warm (unmapping it waits on the host) and the page it
+    /// maps is either in use elsewhere or free but warm with a busy stream's work (taking it back waits
+    /// on the device) — so that placement can leave that address alone while the stream is busy
+    /// ([`Region::placement_costs`](crate::Region::placement_costs)).
+    pub(crate) fn page_waits_for_busy(
+        &self,
+        g: &mut Inner,
+        rid: u32,
+        pidx: u32,
+        target: StreamId,
+    ) -> bool {
+        let Some(z) = g.regions[rid as usize]
+            .as_ref()
+            .expect("registered region")
+            .pages[pidx as usize]
+            .zombie
+        else {
+            return false;
+        };
+        if Self::idle(g, z.stream, z.epoch) {
+            return false;
+        }
+        match old_page(g, z.handle) {
+            OldPage::InUse => true,
+            OldPage::FreeAt(orid, opidx) => self.busy_for(g, orid, opidx, target),
+            OldPage::Cached(_) | OldPage::Gone => false,
+        }
     }
 
     /// Steal the free page `(orid, opidx)`, out of the free set already.

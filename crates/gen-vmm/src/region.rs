@@ -272,6 +272,50 @@ impl Region {
             .collect()
     }
 
+    /// Whether the pool passes over busy freers ([`PagePool::set_pass_busy`]): placement then asks
+    /// [`placement_costs`](Self::placement_costs) even where it would not compare candidates.
+    #[inline]
+    pub fn passes_busy(&self) -> bool {
+        self.pool
+            .pass_busy
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// [`unbacked_pages`](Self::unbacked_pages) for a placement of a block for work on `stream`
+    /// (`None`: the region's own stream), except that — while the pool passes over busy freers
+    /// ([`PagePool::set_pass_busy`]) and some stream is known busy — a range where committing would
+    /// wait for a busy stream (an old mapping here still warm, its page in use elsewhere or warm with a
+    /// busy stream's work) costs `u64::MAX`: the arena places the block elsewhere while it can. Two
+    /// serving streams whose pages once changed hands otherwise hand them back and forth, each move a
+    /// wait for the other stream's queued work. Nowhere else (every replay: no stream is ever busy)
+    /// does this differ from [`unbacked_pages`](Self::unbacked_pages).
+    pub fn placement_costs(&self, ranges: &[(u64, u64)], stream: Option<StreamId>) -> Vec<u64> {
+        let mut g = self.pool.lock();
+        let target = stream.or(g.regions[self.id as usize]
+            .as_ref()
+            .expect("registered region")
+            .stream);
+        let passing = self.passes_busy() && g.stream_fences.iter().any(|sf| sf.busy != 0);
+        ranges
+            .iter()
+            .map(|&(offset, len)| {
+                let unbacked = self.unbacked_locked(&g, offset, len);
+                match (target, self.page_range(offset, len)) {
+                    (Some(t), Ok((first, last))) if passing && unbacked > 0 => {
+                        let waits = (first as u32..=last as u32)
+                            .any(|p| self.pool.page_waits_for_busy(&mut g, self.id, p, t));
+                        if waits {
+                            u64::MAX
+                        } else {
+                            unbacked
+                        }
+                    }
+                    _ => unbacked,
+                }
+            })
+            .collect()
+    }
+
     /// [`unbacked_in`](Self::unbacked_in) under the pool's lock, held by the caller.
     fn unbacked_locked(&self, g: &Inner, offset: u64, len: u64) -> u64 {
         let r = g.regions[self.id as usize]
