@@ -374,7 +374,7 @@ impl PagePool {
             self.create(g, false, rid, pidx, synced)?
         } else if !create_first {
             // Pages a busy stream freed are passed over where a new page may be made instead.
-            match self.steal_passing(g, rid, pidx, synced, pass)? {
+            match self.steal(g, rid, pidx, synced, pass)? {
                 Stolen::Page(h) => h,
                 Stolen::None => self.create(g, false, rid, pidx, synced)?,
                 // A new page instead (as where no page is free); out of device memory, the page is
@@ -538,28 +538,15 @@ impl PagePool {
         h
     }
 
-    /// Unmap the free page with the highest index (never `(rid, pidx)`) and return its handle; `None`
-    /// when no page is free. Synchronizes the device once per commit first.
-    fn steal(
-        &self,
-        g: &mut Inner,
-        rid: u32,
-        pidx: u32,
-        synced: &mut bool,
-    ) -> Result<Option<PhysHandle>, VmmError> {
-        let Some((orid, opidx)) = pop_free_mapped_excluding(g, rid, pidx) else {
-            return Ok(None);
-        };
-        self.steal_page(g, orid, opidx, synced)
-    }
-
-    /// [`steal`](Self::steal), except that with `pass` a page whose last users' stream is known busy
+    /// Take the free page with the highest index (never `(rid, pidx)`) for this address: unmapped from
+    /// its own (or left there as an old mapping while warm); `Stolen::None` when no page is free.
+    /// Synchronizes the device once per commit at most (`settle`). With `pass` a page whose last users' stream is known busy
     /// (a wait or a question found it so, and its backoff has not run out: [`PagePool::learn_idle`])
     /// is left where it is: the committing stream would wait on the device for that stream's work,
     /// which it never shared. Several serving streams, each busy, then each keep to pages of their own
     /// (new ones, at the memory that costs) instead of running one after another. Where no stream was
     /// ever found busy — every replay — nothing is passed over.
-    fn steal_passing(
+    fn steal(
         &self,
         g: &mut Inner,
         rid: u32,
@@ -582,7 +569,7 @@ impl PagePool {
     }
 
     /// Whether the free page `(rid, pidx)` is warm with work of one stream other than the one
-    /// committing, which is known busy (see [`steal_passing`](Self::steal_passing)).
+    /// committing, which is known busy (see [`steal`](Self::steal)).
     fn busy_elsewhere(&self, g: &mut Inner, rid: u32, pidx: u32) -> bool {
         match g.committing_for {
             Some(target) => self.busy_for(g, rid, pidx, target),
@@ -719,7 +706,7 @@ impl PagePool {
             }
             Err(e) if e.is_oom() => {
                 if then_steal {
-                    if let Some(h) = self.steal(g, rid, pidx, synced)? {
+                    if let Stolen::Page(h) = self.steal(g, rid, pidx, synced, false)? {
                         return Ok(h);
                     }
                 }
@@ -1048,7 +1035,7 @@ fn pop_free_mapped_excluding(g: &mut Inner, rid: u32, pidx: u32) -> Option<(u32,
     Some((orid, opidx))
 }
 
-/// What [`PagePool::steal_passing`] found.
+/// What [`PagePool::steal`] found.
 enum Stolen {
     Page(PhysHandle),
     /// No free page.
