@@ -108,18 +108,8 @@ impl PagePool {
     /// [`order_after_fence`](Self::order_after_fence) with it orders another stream after the same work
     /// with no new fence.
     pub fn order_after(&self, stream: StreamId, after: StreamId) -> Result<Option<u64>, VmmError> {
-        self.order_after_busy(stream, after).map(|(e, _)| e)
-    }
-
-    /// [`order_after`](Self::order_after), also saying whether `stream` had to wait on the device:
-    /// `after`'s work was neither waited for already nor found complete or idle — `after` is busy.
-    pub fn order_after_busy(
-        &self,
-        stream: StreamId,
-        after: StreamId,
-    ) -> Result<(Option<u64>, bool), VmmError> {
         if stream == after {
-            return Ok((None, false));
+            return Ok(None);
         }
         if self.capturing() {
             return Err(VmmError::Capturing(
@@ -127,19 +117,8 @@ impl PagePool {
             ));
         }
         let mut g = self.lock();
-        let (now, waits) = (g.epoch, g.stats.stream_waits);
-        let e = self.wait_fence(&mut g, stream, after, now)?;
-        Ok((Some(e), g.stats.stream_waits > waits))
-    }
-
-    /// Whether everything queued on `stream` so far has completed: one `cuStreamQuery`, asked now
-    /// whatever the backoff of earlier questions (an idle answer retires its fences, as
-    /// `learn_idle`'s does). False during a capture, where it may not be asked.
-    pub fn stream_idle(&self, stream: StreamId) -> bool {
-        let mut g = self.lock();
-        let i = Self::stream_entry(&mut g, stream);
-        g.stream_fences[i].skip = 0;
-        self.learn_idle(&mut g, i, stream)
+        let now = g.epoch;
+        self.wait_fence(&mut g, stream, after, now).map(Some)
     }
 
     /// Make future work on `stream` wait for `after`'s work up to the fence of epoch `epoch` (one that
@@ -151,33 +130,45 @@ impl PagePool {
         after: StreamId,
         epoch: u64,
     ) -> Result<(), VmmError> {
-        self.order_after_fence_busy(stream, after, epoch)
-            .map(|_| ())
-    }
-
-    /// [`order_after_fence`](Self::order_after_fence), also saying whether `stream` had to wait on the
-    /// device (that work of `after` was not known or found complete: `after` is busy).
-    pub fn order_after_fence_busy(
-        &self,
-        stream: StreamId,
-        after: StreamId,
-        epoch: u64,
-    ) -> Result<bool, VmmError> {
         if stream == after {
-            return Ok(false);
+            return Ok(());
         }
         let mut g = self.lock();
         if Self::idle(&g, Some(after), epoch) {
-            return Ok(false);
+            return Ok(());
         }
         if self.capturing() {
             return Err(VmmError::Capturing(
                 "ordering a stream after another's queued work",
             ));
         }
-        let waits = g.stats.stream_waits;
-        self.wait_fence(&mut g, stream, after, epoch)?;
-        Ok(g.stats.stream_waits > waits)
+        self.wait_fence(&mut g, stream, after, epoch).map(|_| ())
+    }
+
+    /// The streams among `streams` known busy now, as the bits `bit(i)` of the `i`-th: the last
+    /// question about it ([`learn_idle`](Self::learn_idle), asked before every wait for it) found it
+    /// busy, and its backoff has not run out — where it has, it is asked again (one `cuStreamQuery`):
+    /// idle, it is busy no more. Streams never found busy are not. No device call otherwise; none at
+    /// all while no stream is known busy (every replay).
+    pub fn known_busy(
+        &self,
+        streams: impl IntoIterator<Item = StreamId>,
+        bit: impl Fn(usize) -> u64,
+    ) -> u64 {
+        let mut g = self.lock();
+        if g.stream_fences.iter().all(|sf| sf.busy == 0) {
+            return 0;
+        }
+        let mut bits = 0;
+        for (k, s) in streams.into_iter().enumerate() {
+            let Some(i) = g.stream_fences.iter().position(|sf| sf.stream == s) else {
+                continue;
+            };
+            if g.stream_fences[i].busy != 0 && !self.learn_idle(&mut g, i, s) {
+                bits |= bit(k);
+            }
+        }
+        bits
     }
 
     /// Make `target` wait on the device for a fence of `after` covering epoch `epoch` (the newest one

@@ -74,15 +74,7 @@ struct Parties {
     /// every free it stamped up to `time` (0: none), at the page pool's `epoch` — another stream needing
     /// no later free of it waits on it.
     fenced: Vec<(u64, u64)>,
-    /// By freer slot, `(level, left)`: the freer was found busy — a stream had to wait for it on the
-    /// device — `level` times in a row; while `left` > 0 its bytes are passed over where others serve
-    /// ([`Handoff::busy_bits`]), one less each allocation, and at 0 the device is asked again.
-    busy: Vec<(u32, u32)>,
 }
-
-/// A freer found busy this many times in a row has its bytes passed over for at most 2^this − 1
-/// allocations before it is asked again.
-const BUSY_LEVELS: u32 = 6;
 
 impl Parties {
     /// The slots among `n` a stamp with freer bits `bits` names, in order: slot `i` has bit `i % BITS`,
@@ -359,32 +351,23 @@ impl Handoff {
                 continue;
             };
             // A fence of `s` recorded after the stamped free serves; else a new one.
-            let (covered, waited) = match p.fenced.get(i).copied().filter(|&(t, _)| t >= need) {
-                Some((time, epoch)) => match pages.order_after_fence_busy(stream, s, epoch) {
-                    Ok(waited) => (time, waited),
+            let covered = match p.fenced.get(i).copied().filter(|&(t, _)| t >= need) {
+                Some((time, epoch)) => match pages.order_after_fence(stream, s, epoch) {
+                    Ok(()) => time,
                     Err(e @ VmmError::Capturing(_)) => return Err(e),
                     Err(_) => {
                         order(pages, stream, s)?;
-                        (p.seq, false)
+                        p.seq
                     }
                 },
                 None => {
                     let now = p.seq;
-                    let (epoch, waited) = order(pages, stream, s)?;
-                    if let Some(epoch) = epoch {
+                    if let Some(epoch) = order(pages, stream, s)? {
                         *at_slot(&mut p.fenced, i) = (now, epoch);
                     }
-                    (now, waited)
+                    now
                 }
             };
-            // A wait says the freer is busy: its bytes are passed over for a while. Bytes taken with
-            // no wait say nothing new of it (it may still be busy: the waits already made cover it).
-            if waited {
-                let b = at_slot(&mut p.busy, i);
-                if b.0 == 0 {
-                    *b = (1, 1);
-                }
-            }
             let r = *row.get_or_insert_with(|| {
                 p.ordered.push((stream, Vec::new()));
                 p.ordered.len() - 1
@@ -395,36 +378,13 @@ impl Handoff {
         Ok(())
     }
 
-    /// The stamp bits of the freers known busy now — a stream had to wait for each on the device, and
-    /// fewer allocations have passed since than its backoff allows — for an allocation that would
-    /// rather take bytes that owe them nothing ([`owes_any_of`](Self::owes_any_of)). One allocation's
-    /// tick: each busy freer's count goes down by one, and one whose count ran out is asked again
-    /// ([`PagePool::stream_idle`], one `cuStreamQuery`): idle, it is forgotten; busy, it is passed over
-    /// for twice as long (1, 3, 7 … 63 allocations). No device call otherwise.
+    /// The stamp bits of the freers known busy now ([`PagePool::known_busy`]: a wait for one found it
+    /// busy and its backoff has not run out), for an allocation that would rather take bytes that owe
+    /// them nothing ([`owes_any_of`](Self::owes_any_of)). No device call while no stream is known
+    /// busy; one `cuStreamQuery` for a freer whose backoff ran out.
     pub fn busy_bits(&self, pages: &PagePool) -> u64 {
-        let mut guard = self.parties.lock();
-        let p = &mut *guard;
-        if p.busy.iter().all(|&(level, _)| level == 0) {
-            return 0;
-        }
-        let mut bits = 0;
-        for (i, b) in p.busy.iter_mut().enumerate() {
-            if b.0 == 0 {
-                continue;
-            }
-            if b.1 == 0 {
-                if pages.stream_idle(p.slots[i].0) {
-                    *b = (0, 0);
-                    continue;
-                }
-                b.0 = (b.0 + 1).min(BUSY_LEVELS);
-                b.1 = (1 << b.0) - 1;
-            } else {
-                b.1 -= 1;
-            }
-            bits |= 1 << (i % BITS);
-        }
-        bits
+        let p = self.parties.lock();
+        pages.known_busy(p.slots.iter().map(|&(s, _)| s), |i| 1 << (i % BITS))
     }
 
     /// Whether `stream` would have to order itself after a freer whose bit is in `busy` to use bytes
@@ -483,17 +443,13 @@ fn at_slot<T: Default + Clone>(table: &mut Vec<T>, i: usize) -> &mut T {
 /// Make `stream` wait for `after`'s queued work: on the device (returns the fence's epoch), or, when the
 /// device cannot order it (a failed event call), by a synchronize (`None`). A capture fails with
 /// [`VmmError::Capturing`].
-fn order(
-    pages: &PagePool,
-    stream: StreamId,
-    after: StreamId,
-) -> Result<(Option<u64>, bool), VmmError> {
-    match pages.order_after_busy(stream, after) {
-        Ok(answer) => Ok(answer),
+fn order(pages: &PagePool, stream: StreamId, after: StreamId) -> Result<Option<u64>, VmmError> {
+    match pages.order_after(stream, after) {
+        Ok(epoch) => Ok(epoch),
         Err(e @ VmmError::Capturing(_)) => Err(e),
         Err(e) => {
             log::warn!("gen-vmm: ordering stream {stream:#x} after {after:#x} on the device: {e}; synchronizing");
-            pages.synchronize().map(|()| (None, false))
+            pages.synchronize().map(|()| None)
         }
     }
 }
