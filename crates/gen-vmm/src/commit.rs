@@ -582,7 +582,7 @@ impl PagePool {
     /// ([`PagePool::learn_idle`]; a stream never found busy is not). Moving the page to `target`'s
     /// work would make `target` wait on the device for that stream.
     pub(crate) fn busy_for(&self, g: &mut Inner, rid: u32, pidx: u32, target: StreamId) -> bool {
-        if g.fence_stream.is_some() || self.capturing() {
+        if !self.any_known_busy() || g.fence_stream.is_some() || self.capturing() {
             return false;
         }
         let (hot, stream, mask) = {
@@ -601,10 +601,12 @@ impl PagePool {
             if s == target || Self::idle(g, Some(s), freed) {
                 return false;
             }
-            let i = Self::stream_entry(g, s);
             // Never found busy: taken, asked and waited for as before. Found busy: passed over until
             // its backoff runs out, then asked (idle: taken).
-            g.stream_fences[i].busy != 0 && !self.learn_idle(g, i, s)
+            match g.stream_fences.iter().position(|sf| sf.stream == s) {
+                Some(i) => g.stream_fences[i].busy != 0 && !self.learn_idle(g, i, s),
+                None => false,
+            }
         };
         // The page's stream, or — a page of a shared region — each stream that freed bytes on it.
         if let Some(s) = stream.or_else(|| Self::mask_stream(g, mask)) {

@@ -2,6 +2,7 @@
 //! the epochs that say what is idle, and the bound on how far they may lag.
 
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering::Relaxed;
 
 use gen_device::{EventHandle, StreamId};
 
@@ -145,6 +146,12 @@ impl PagePool {
         self.wait_fence(&mut g, stream, after, epoch).map(|_| ())
     }
 
+    /// Whether any stream is known busy (see [`known_busy`](Self::known_busy)); no lock taken.
+    #[inline]
+    pub fn any_known_busy(&self) -> bool {
+        self.busy_streams.load(Relaxed) != 0
+    }
+
     /// The streams among `streams` known busy now, as the bits `bit(i)` of the `i`-th: the last
     /// question about it ([`learn_idle`](Self::learn_idle), asked before every wait for it) found it
     /// busy, and its backoff has not run out — where it has, it is asked again (one `cuStreamQuery`):
@@ -155,10 +162,10 @@ impl PagePool {
         streams: impl IntoIterator<Item = StreamId>,
         bit: impl Fn(usize) -> u64,
     ) -> u64 {
-        let mut g = self.lock();
-        if g.stream_fences.iter().all(|sf| sf.busy == 0) {
+        if !self.any_known_busy() {
             return 0;
         }
+        let mut g = self.lock();
         let mut bits = 0;
         for (k, s) in streams.into_iter().enumerate() {
             let Some(i) = g.stream_fences.iter().position(|sf| sf.stream == s) else {
@@ -274,6 +281,9 @@ impl PagePool {
             Ok(true) => {
                 // Everything of `after` stamped up to now is complete; the epoch moves on (as a
                 // synchronize moves it, `all_complete`) so that what is freed after this answer is not.
+                if sf.busy != 0 {
+                    self.busy_streams.fetch_sub(1, Relaxed);
+                }
                 sf.busy = 0;
                 while sf.retire_front(spare).is_some() {}
                 sf.done = sf.done.max(now + 1);
@@ -284,6 +294,9 @@ impl PagePool {
                 if let Err(e) = answer {
                     // Taken as busy: the fence and the wait that follow report a device that fails.
                     log::debug!("gen-vmm: asking whether stream {after:#x} is idle: {e}");
+                }
+                if sf.busy == 0 {
+                    self.busy_streams.fetch_add(1, Relaxed);
                 }
                 sf.busy = (sf.busy + 1).min(BUSY_BACKOFF);
                 sf.skip = (1 << sf.busy) - 1;

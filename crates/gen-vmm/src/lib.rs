@@ -83,7 +83,7 @@
 use gen_device::hash::U64Map;
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use gen_device::{Device, DeviceError, DevicePtr, EventHandle, PhysHandle, StreamId};
@@ -365,6 +365,10 @@ pub struct PagePool {
     keep_mappings: AtomicBool,
     /// See [`PagePool::set_pass_busy`].
     pass_busy: AtomicBool,
+    /// How many streams are known busy (their stream fences' `busy` is not 0; kept by
+    /// `learn_idle`): read without the lock, so that while none is (every replay) the passing paths
+    /// take no lock and change nothing.
+    busy_streams: AtomicU32,
     inner: Mutex<Inner>,
     device: Arc<dyn Device>,
     cfg: PagePoolConfig,
@@ -419,6 +423,7 @@ impl PagePool {
             asleep: AtomicBool::new(false),
             keep_mappings: AtomicBool::new(false),
             pass_busy: AtomicBool::new(false),
+            busy_streams: AtomicU32::new(0),
             slack: AtomicU64::new(slack.to_bits()),
         }))
     }

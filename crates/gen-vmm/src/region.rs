@@ -272,13 +272,15 @@ impl Region {
             .collect()
     }
 
-    /// Whether the pool passes over busy freers ([`PagePool::set_pass_busy`]): placement then asks
-    /// [`placement_costs`](Self::placement_costs) even where it would not compare candidates.
+    /// Whether the pool passes over busy freers ([`PagePool::set_pass_busy`]) and some stream is known
+    /// busy now ([`PagePool::any_known_busy`]): placement then asks
+    /// [`placement_costs`](Self::placement_costs) even where it would not compare candidates. No lock.
     #[inline]
     pub fn passes_busy(&self) -> bool {
         self.pool
             .pass_busy
             .load(std::sync::atomic::Ordering::Relaxed)
+            && self.pool.any_known_busy()
     }
 
     /// [`unbacked_pages`](Self::unbacked_pages) for a placement of a block for work on `stream`
@@ -290,12 +292,12 @@ impl Region {
     /// wait for the other stream's queued work. Nowhere else (every replay: no stream is ever busy)
     /// does this differ from [`unbacked_pages`](Self::unbacked_pages).
     pub fn placement_costs(&self, ranges: &[(u64, u64)], stream: Option<StreamId>) -> Vec<u64> {
+        let passing = self.passes_busy();
         let mut g = self.pool.lock();
         let target = stream.or(g.regions[self.id as usize]
             .as_ref()
             .expect("registered region")
             .stream);
-        let passing = self.passes_busy() && g.stream_fences.iter().any(|sf| sf.busy != 0);
         ranges
             .iter()
             .map(|&(offset, len)| {
