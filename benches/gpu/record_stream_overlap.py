@@ -18,7 +18,8 @@ streams run spin kernels (`torch.cuda._sleep`, one block each, so they overlap o
 
 Overlapped, a step takes about one spin (`serve4`: a quarter); serialized, two (`serve4`: one). Prints one JSON line per mode and pattern:
 ms a step (median of `--reps` timed runs of `--steps` steps), the spin alone, the step over the spin,
-peak reserved, and under genpool its count of device-side stream waits.
+peak reserved (the cache emptied before each pattern), and under genpool its device-side stream
+waits: record_stream's (`record_stream_waits`) and the engine's own (`page_waits`).
 
 Modes: native, expandable, genpool (its default, `record_stream:hold`), genpool-wait
 (`GENPOOL_CONF=record_stream:wait`), `genpool:<entries>` (those `GENPOOL_CONF` entries, `;` between
@@ -114,13 +115,17 @@ def run(mode, steps, spin_ms, reps, size):
     torch.cuda.init()
     cycles = spin_cycles(torch, spin_ms)
     for name, fn in (("side", side), ("prefetch", prefetch), ("serve4", serve)):
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # the pattern's own memory: nothing cached from the one before
         fn(torch, 5, cycles, size)  # warm: the blocks exist, the streams too
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-        waits0 = None
+        waits0 = page_waits0 = None
         if mode.startswith("genpool"):
             import genpool_torch
-            waits0 = genpool_torch.raw_stats().get("stream_waits")
+            st0 = genpool_torch.raw_stats()
+            waits0 = st0.get("stream_waits")
+            page_waits0 = st0.get("pages", {}).get("stream_waits", 0)
         times = []
         for _ in range(reps):
             torch.cuda.synchronize()
@@ -141,7 +146,10 @@ def run(mode, steps, spin_ms, reps, size):
         if mode.startswith("genpool"):
             import genpool_torch
             st = genpool_torch.raw_stats()
-            out["stream_waits"] = st.get("stream_waits", 0) - (waits0 or 0)
+            # record_stream's orderings (the router's waits), and the engine's own device-side waits
+            # (bytes or pages passing between streams: the page pool's `stream_waits`).
+            out["record_stream_waits"] = st.get("stream_waits", 0) - (waits0 or 0)
+            out["page_waits"] = st.get("pages", {}).get("stream_waits", 0) - (page_waits0 or 0)
             out["sync_fallbacks"] = st.get("sync_fallbacks")
             out["held_back_now"] = st.get("held_back")
         print(json.dumps(out), flush=True)

@@ -982,13 +982,11 @@ fn a_hundred_streams_allocate_and_hand_blocks_over() {
 
 /// Four serving streams, all busy (kernels always queued: paused on the simulator), each allocating a
 /// buffer of one of four sizes and dropping it on its own stream, as `record_stream_overlap.py serve4`
-/// does on a GPU. By default (`experimental.busy_freers:wait`) bytes and pages pass between them and
-/// each such allocation waits on the device for the stream that freed them; with `pass` a stream passes
-/// over bytes and free pages a stream known busy freed, making new pages instead. Measured (session
-/// 28): the waits of the last 200 steps fall from 1 750 to 600, at 318 MiB against 64 reserved — what
-/// is left is the first stream taking back its own old mappings, whose pages the shared arena holds
-/// (docs/ARCHITECTURE.md "Busy serving streams"). The test holds the fall (at least half the waits
-/// gone) and a bound on the memory.
+/// does on a GPU. Waiting (`experimental.busy_freers:wait`, the default until session 29) bytes and
+/// pages pass between them and each such allocation waits on the device for the stream that freed
+/// them; passing (the default) a stream passes over bytes, free pages and addresses whose commit would
+/// wait for a stream known busy, making new pages instead: none of the last 200 steps waits, at a few
+/// times the memory (each stream's own working set) — docs/ARCHITECTURE.md "Busy serving streams".
 #[test]
 fn busy_serving_streams_stop_waiting_for_each_other_when_passing_busy_freers() {
     use gen_device::sim::CallKind;
@@ -1024,8 +1022,8 @@ fn busy_serving_streams_stop_waiting_for_each_other_when_passing_busy_freers() {
         }
         (late_waits, stats.reserved_peak, stats.pages.passed_busy)
     };
-    let (wait_waits, wait_reserved, none) = run("");
-    assert_eq!(none, 0, "the default passes over nothing");
+    let (wait_waits, wait_reserved, none) = run("experimental.busy_freers:wait");
+    assert_eq!(none, 0, "waiting passes over nothing");
     assert!(
         wait_waits >= 800,
         "bytes pass between the busy streams: {wait_waits} waits"
@@ -1036,6 +1034,7 @@ fn busy_serving_streams_stop_waiting_for_each_other_when_passing_busy_freers() {
     // own: none of the last 200 steps waits. Memory grows towards each stream's own working set
     // (4 × 64 MiB at most here), not beyond.
     for conf in [
+        "",
         "experimental.busy_freers:pass",
         "experimental.busy_freers:pass,experimental.stream_arenas:own",
     ] {
