@@ -315,7 +315,7 @@ impl Extents {
         // Freers known busy: bytes that owe them nothing first (among 16 best fits, else address space
         // no block used), so that this stream does not wait on the device for work it never shared;
         // none to be had (no memory for them), the bytes best fit chose, and the wait.
-        let busy = if rest.pass_busy && candidates > 1 {
+        let busy = if rest.pass_busy && candidates > 1 && rest.pages.any_known_busy() {
             handoff.busy_bits(&rest.pages)
         } else {
             0
