@@ -451,6 +451,31 @@ impl PagePool {
         Ok(Some(h))
     }
 
+    /// Whether work may still use the free page `(rid, pidx)` and whose: [`Use::Idle`] when it is not
+    /// warm or a fence of its stream has passed its last free; [`Use::Fenced`] when it is warm and one
+    /// stream's fences order everything (`fence_stream`); else its last free's epoch and its stream —
+    /// the region's, or the one stream that freed its bytes when the mask names one — with the mask.
+    fn last_use(g: &Inner, rid: u32, pidx: u32) -> Use {
+        let r = g.regions[rid as usize].as_ref().expect("registered region");
+        let (hot, mask) = (r.hot[pidx as usize], r.pages[pidx as usize].freed_on);
+        if !hot.warm(g.done_epoch) {
+            return Use::Idle;
+        }
+        if g.fence_stream.is_some() {
+            return Use::Fenced;
+        }
+        let stream = r.stream.or_else(|| Self::mask_stream(g, mask));
+        let freed = hot.freed_epoch(g.epoch);
+        if Self::idle(g, stream, freed) {
+            return Use::Idle;
+        }
+        Use::Warm(LastUse {
+            stream,
+            mask,
+            freed,
+        })
+    }
+
     /// How the free page `(rid, pidx)`, about to serve another address for work on `target`, stands with
     /// the work that last used it: idle; warm on the one stream (stream order keeps the two apart); or,
     /// with several streams, warm in a region of a known stream — then `target` is made to wait (on the
@@ -465,26 +490,15 @@ impl PagePool {
         synced: &mut bool,
         target: Option<StreamId>,
     ) -> Result<Settled, VmmError> {
-        let (hot, stream, mask) = {
-            let r = g.regions[rid as usize].as_ref().expect("registered region");
-            (
-                r.hot[pidx as usize],
-                r.stream,
-                r.pages[pidx as usize].freed_on,
-            )
+        let LastUse {
+            stream,
+            mask,
+            freed,
+        } = match Self::last_use(g, rid, pidx) {
+            Use::Idle => return Ok(Settled::Idle),
+            Use::Fenced => return Ok(Settled::Warm),
+            Use::Warm(u) => u,
         };
-        // A region of no stream: the one stream that used the page's bytes, when the mask names one.
-        let stream = stream.or_else(|| Self::mask_stream(g, mask));
-        if !hot.warm(g.done_epoch) {
-            return Ok(Settled::Idle);
-        }
-        if g.fence_stream.is_some() {
-            return Ok(Settled::Warm);
-        }
-        let freed = hot.freed_epoch(g.epoch);
-        if Self::idle(g, stream, freed) {
-            return Ok(Settled::Idle);
-        }
         // A page of a shared region whose bytes several streams freed: the streams its mask names.
         let freers = match (stream, target) {
             (None, Some(_)) if mask != 0 => Self::mask_streams(g, mask),
@@ -582,21 +596,17 @@ impl PagePool {
     /// ([`PagePool::learn_idle`]; a stream never found busy is not). Moving the page to `target`'s
     /// work would make `target` wait on the device for that stream.
     pub(crate) fn busy_for(&self, g: &mut Inner, rid: u32, pidx: u32, target: StreamId) -> bool {
-        if !self.any_known_busy() || g.fence_stream.is_some() || self.capturing() {
+        if !self.any_known_busy() || self.capturing() {
             return false;
         }
-        let (hot, stream, mask) = {
-            let r = g.regions[rid as usize].as_ref().expect("registered region");
-            (
-                r.hot[pidx as usize],
-                r.stream,
-                r.pages[pidx as usize].freed_on,
-            )
+        let Use::Warm(LastUse {
+            stream,
+            mask,
+            freed,
+        }) = Self::last_use(g, rid, pidx)
+        else {
+            return false;
         };
-        if !hot.warm(g.done_epoch) {
-            return false;
-        }
-        let freed = hot.freed_epoch(g.epoch);
         let busy = |g: &mut Inner, s: StreamId| {
             if s == target || Self::idle(g, Some(s), freed) {
                 return false;
@@ -609,7 +619,7 @@ impl PagePool {
             }
         };
         // The page's stream, or — a page of a shared region — each stream that freed bytes on it.
-        if let Some(s) = stream.or_else(|| Self::mask_stream(g, mask)) {
+        if let Some(s) = stream {
             return busy(g, s);
         }
         match Self::mask_streams(g, mask) {
@@ -1035,6 +1045,22 @@ fn pop_free_mapped_excluding(g: &mut Inner, rid: u32, pidx: u32) -> Option<(u32,
         "an unbacked page is never free-mapped"
     );
     Some((orid, opidx))
+}
+
+/// Whether work may still use a free page ([`PagePool::last_use`]).
+enum Use {
+    Idle,
+    /// Warm, with one stream's fences ordering everything.
+    Fenced,
+    Warm(LastUse),
+}
+
+/// A warm page's last users: its stream (`None`: a shared region's page several streams freed bytes
+/// on, named by `mask`, or none known) and the epoch of its last free.
+struct LastUse {
+    stream: Option<StreamId>,
+    mask: u64,
+    freed: u64,
 }
 
 /// What [`PagePool::steal`] found.
