@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use gen_device::{PhysHandle, StreamId};
 
-use crate::old_mappings::zombie_epoch;
+use crate::old_mappings::{zombie_at, zombie_epoch};
 use crate::page::{release_sole, revive_sole};
 use crate::{pop_free_mapped, Inner, PagePool, Settled, VmmError, UNKNOWN_STREAM};
 
@@ -397,12 +397,7 @@ impl PagePool {
         synced: &mut bool,
         pass_busy: bool,
     ) -> Result<Option<PhysHandle>, VmmError> {
-        let Some(z) = g.regions[rid as usize]
-            .as_ref()
-            .expect("registered region")
-            .pages[pidx as usize]
-            .zombie
-        else {
+        let Some(z) = zombie_at(g, rid, pidx) else {
             return Ok(None);
         };
         let h = z.handle;
@@ -640,12 +635,7 @@ impl PagePool {
         pidx: u32,
         target: StreamId,
     ) -> bool {
-        let Some(z) = g.regions[rid as usize]
-            .as_ref()
-            .expect("registered region")
-            .pages[pidx as usize]
-            .zombie
-        else {
+        let Some(z) = zombie_at(g, rid, pidx) else {
             return false;
         };
         if Self::idle(g, z.stream, z.epoch) {

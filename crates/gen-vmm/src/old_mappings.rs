@@ -247,6 +247,15 @@ impl PagePool {
 }
 
 /// The epoch of the zombie mapping at `(rid, pidx)`, if there is one (`None` too for a dropped region).
+/// The old mapping left at page `pidx` of region `rid` (registered), if any.
+pub(crate) fn zombie_at(g: &Inner, rid: u32, pidx: u32) -> Option<Zombie> {
+    g.regions[rid as usize]
+        .as_ref()
+        .expect("registered region")
+        .pages[pidx as usize]
+        .zombie
+}
+
 pub(crate) fn zombie_epoch(regions: &[Option<RegionPages>], rid: u32, pidx: u32) -> Option<u64> {
     regions
         .get(rid as usize)
