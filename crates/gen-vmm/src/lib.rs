@@ -229,6 +229,10 @@ pub struct PagePoolStats {
     /// Free pages left where they were because their last users' stream was busy (a new page made
     /// instead, so that the committing stream need not wait for that stream's work).
     pub passed_busy: u64,
+    /// Places considered for a block where committing would wait for a busy stream
+    /// ([`Region::placement_costs`]: an address whose old mapping's page a busy stream holds), left
+    /// for another where there was one.
+    pub placed_around_busy: u64,
     /// Device synchronizations done to move pages (several streams, or a zombie mapping in the way).
     pub syncs: u64,
     /// Several streams: moves of a page still possibly in use by another stream's queued work, ordered

@@ -307,6 +307,7 @@ impl Region {
                         let waits = (first as u32..=last as u32)
                             .any(|p| self.pool.page_waits_for_busy(&mut g, self.id, p, t));
                         if waits {
+                            g.stats.placed_around_busy += 1;
                             u64::MAX
                         } else {
                             unbacked

@@ -1020,10 +1020,11 @@ fn busy_serving_streams_stop_waiting_for_each_other_when_passing_busy_freers() {
         for &s in &streams {
             dev.resume_stream(s).unwrap();
         }
-        (late_waits, stats.reserved_peak, stats.pages.passed_busy)
+        let passed = (stats.pages.passed_busy, stats.pages.placed_around_busy);
+        (late_waits, stats.reserved_peak, passed)
     };
     let (wait_waits, wait_reserved, none) = run("experimental.busy_freers:wait");
-    assert_eq!(none, 0, "waiting passes over nothing");
+    assert_eq!(none, (0, 0), "waiting passes over nothing");
     assert!(
         wait_waits >= 800,
         "bytes pass between the busy streams: {wait_waits} waits"
@@ -1039,7 +1040,8 @@ fn busy_serving_streams_stop_waiting_for_each_other_when_passing_busy_freers() {
         "experimental.busy_freers:pass,experimental.stream_arenas:own",
     ] {
         let (pass_waits, pass_reserved, passed) = run(conf);
-        assert!(passed > 0, "{conf}");
+        assert!(passed.0 > 0, "{conf}: free pages passed over");
+        assert!(passed.1 > 0, "{conf}: addresses passed over");
         assert_eq!(pass_waits, 0, "{conf}: late waits");
         assert!(
             pass_reserved <= 2 * 4 * 64 * MIB,
