@@ -153,7 +153,7 @@ impl PagePool {
     }
 
     /// The streams among `streams` known busy now, as the bits `bit(i)` of the `i`-th: the last
-    /// question about it ([`learn_idle`](Self::learn_idle), asked before every wait for it) found it
+    /// question about it (`learn_idle`, asked before every wait for it) found it
     /// busy, and its backoff has not run out — where it has, it is asked again (one `cuStreamQuery`):
     /// idle, it is busy no more. Streams never found busy are not. No device call otherwise; none at
     /// all while no stream is known busy (every replay).
