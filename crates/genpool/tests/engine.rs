@@ -980,6 +980,67 @@ fn a_hundred_streams_allocate_and_hand_blocks_over() {
     assert_eq!(pool.reserved_now(), 0);
 }
 
+/// Serving streams that were busy (each passed over the others' leftovers, making pages of its own)
+/// and go idle again share again: the first question after the backoff hears "idle", nothing is
+/// passed over any more, no step waits, no page is made, and the pages the busy spell made go back to
+/// the device on a trim (PyTorch's `empty_cache`), down to what one step needs.
+#[test]
+fn busy_serving_streams_share_again_once_idle() {
+    use gen_device::sim::CallKind;
+    let dev = sim(8 * GIB);
+    let pool = pool_on(&dev, Config::default());
+    let streams: Vec<u64> = (0..4).map(|_| dev.stream_create().unwrap()).collect();
+    let sizes = [16 * MIB, 32 * MIB, 64 * MIB, 24 * MIB];
+    let step = |k: usize| {
+        for (i, &s) in streams.iter().enumerate() {
+            let b = pool
+                .alloc(sizes[(k * 7 + i * 3) % 4], s, Hint::NONE)
+                .unwrap();
+            pool.free(b.ptr, s).unwrap();
+        }
+    };
+    for &s in &streams {
+        let b = pool.alloc(MIB, s, Hint::NONE).unwrap();
+        pool.free(b.ptr, s).unwrap();
+    }
+    for &s in &streams {
+        dev.pause_stream(s).unwrap();
+    }
+    (0..200).for_each(step);
+    let busy = pool.stats();
+    assert!(busy.pages.passed_busy + busy.pages.placed_around_busy > 0);
+    assert!(busy.reserved_peak > 128 * MIB, "the busy spell made pages");
+    for &s in &streams {
+        dev.resume_stream(s).unwrap();
+    }
+    // Idle now: a few steps for the backoffs to run out and the questions to hear it.
+    (200..300).for_each(step);
+    let settled = pool.stats();
+    let before = dev.calls();
+    (300..500).for_each(step);
+    let calls = dev.calls().since(&before);
+    let idle = pool.stats();
+    assert_eq!(
+        calls[CallKind::StreamWaitEvent],
+        0,
+        "idle streams wait for nothing"
+    );
+    assert_eq!(calls[CallKind::Synchronize], 0);
+    assert_eq!(
+        (idle.pages.passed_busy, idle.pages.placed_around_busy),
+        (settled.pages.passed_busy, settled.pages.placed_around_busy),
+        "nothing is passed over once the streams are idle"
+    );
+    assert_eq!(idle.pages.creates, settled.pages.creates, "no page made");
+    assert_eq!(idle.reserved_peak, busy.reserved_peak, "no new peak");
+    pool.trim();
+    assert!(
+        pool.reserved_now() <= 128 * MIB,
+        "{} B reserved after a trim",
+        pool.reserved_now()
+    );
+}
+
 /// Four serving streams, all busy (kernels always queued: paused on the simulator), each allocating a
 /// buffer of one of four sizes and dropping it on its own stream, as `record_stream_overlap.py serve4`
 /// does on a GPU. Waiting (`experimental.busy_freers:wait`, the default until session 29) bytes and
