@@ -980,6 +980,59 @@ fn a_hundred_streams_allocate_and_hand_blocks_over() {
     assert_eq!(pool.reserved_now(), 0);
 }
 
+/// More busy serving streams than four: some allocations still wait (session 29, the simulator: 8
+/// streams 1 000 late waits passing against 3 050 waiting, 16 streams 2 950 against 6 200; 4 streams
+/// none, the test above). The likely cause, not yet confirmed: a free extent keeps at most four pieces
+/// of stamps (the closest merged past that), so with more streams freeing next to each other the bytes
+/// a stream freed soon name other busy streams too (docs/ARCHITECTURE.md "Busy serving streams").
+/// The test holds that passing waits at most two thirds as often as waiting, at a bounded memory.
+#[test]
+fn many_busy_serving_streams_wait_less_when_passing() {
+    use gen_device::sim::CallKind;
+    let run = |conf: &str, n: usize| {
+        let dev = sim(8 * GIB);
+        let pool = pool_on(&dev, Config::parse(conf).unwrap());
+        let streams: Vec<u64> = (0..n).map(|_| dev.stream_create().unwrap()).collect();
+        for &s in &streams {
+            let b = pool.alloc(MIB, s, Hint::NONE).unwrap();
+            pool.free(b.ptr, s).unwrap();
+        }
+        for &s in &streams {
+            dev.pause_stream(s).unwrap();
+        }
+        let mut late_waits = 0;
+        for k in 0..300usize {
+            let before = dev.calls();
+            for (i, &s) in streams.iter().enumerate() {
+                let size = [4 * MIB, 8 * MIB, 6 * MIB][(k + i) % 3];
+                let b = pool.alloc(size, s, Hint::NONE).unwrap();
+                pool.free(b.ptr, s).unwrap();
+            }
+            if k >= 150 {
+                late_waits += dev.calls().since(&before)[CallKind::StreamWaitEvent];
+            }
+        }
+        let reserved = pool.stats().reserved_peak;
+        for &s in &streams {
+            dev.resume_stream(s).unwrap();
+        }
+        (late_waits, reserved)
+    };
+    for n in [8, 16] {
+        let (wait_waits, _) = run("experimental.busy_freers:wait", n);
+        let (pass_waits, pass_reserved) = run("", n);
+        assert!(
+            pass_waits * 3 <= wait_waits * 2,
+            "{n} streams: {pass_waits} waits passing against {wait_waits} waiting"
+        );
+        assert!(
+            pass_reserved <= 2 * n as u64 * 8 * MIB,
+            "{n} streams: {} MiB reserved",
+            pass_reserved / MIB
+        );
+    }
+}
+
 /// Serving streams that were busy (each passed over the others' leftovers, making pages of its own)
 /// and go idle again share again: the first question after the backoff hears "idle", nothing is
 /// passed over any more, no step waits, no page is made, and the pages the busy spell made go back to
