@@ -996,10 +996,11 @@ fn busy_streams(dev: &Arc<SimDevice>, pool: &Pool, n: usize) -> Vec<u64> {
 
 /// More busy serving streams than four: some allocations still wait (session 29, the simulator: 8
 /// streams 1 000 late waits passing against 3 050 waiting, 16 streams 2 950 against 6 200; 4 streams
-/// none, the test above). The likely cause, not yet confirmed: a free extent keeps at most four pieces
-/// of stamps (the closest merged past that), so with more streams freeing next to each other the bytes
-/// a stream freed soon name other busy streams too (docs/ARCHITECTURE.md "Busy serving streams").
-/// The test holds that passing waits at most two thirds as often as waiting, at a bounded memory.
+/// none, the test above). What was seen: no candidate owes nothing, fresh address space is taken
+/// until the arena's runs out ("extent address space" exhausted), then best fit waits; the likely
+/// reason, a stream's own freed bytes coalesced into the middle of a shared free extent where
+/// placement never looks (docs/ARCHITECTURE.md "Busy serving streams", what is left). The test holds that passing waits at
+/// most two thirds as often as waiting, at a bounded memory.
 #[test]
 fn many_busy_serving_streams_wait_less_when_passing() {
     use gen_device::sim::CallKind;
