@@ -479,6 +479,37 @@ impl ExtentCore {
         out
     }
 
+    /// [`candidates`](Self::candidates), and, in each of those extents that keeps stamp pieces, the
+    /// placements at the start and at the end of each piece that fit: where frees of several streams
+    /// coalesced into one extent, the bytes one stream freed may lie between others', and neither end
+    /// of the extent reaches them. For a placement that must owe some streams nothing (a stamp filter:
+    /// busy freers passed over, a capture).
+    pub fn candidates_by_piece(&self, size: u64, k: usize) -> Vec<u64> {
+        let mut out = self.candidates(size, k);
+        let (Some(stamps), Some(size)) = (&self.stamps, round_size(size)) else {
+            return out;
+        };
+        for j in 0..out.len() {
+            let start = out[j];
+            let Some(v) = self.tags.get(start | START).filter(|v| v & FREE != 0) else {
+                continue; // an extent's end placement
+            };
+            let end = start + (v >> 1);
+            let Some(p) = stamps.get(start | START) else {
+                continue;
+            };
+            // Piece boundaries inside the extent: a piece from each, and one up to each.
+            for (at, _) in p.iter().skip(1) {
+                for o in [Some(at), at.checked_sub(size)].into_iter().flatten() {
+                    if o >= start && o + size <= end && !out.contains(&o) {
+                        out.push(o);
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// The free extent holding `[offset, end)`, if one does.
     fn free_extent_holding(&self, offset: u64, end: u64) -> Option<(u64, u64)> {
         if let Some(v) = self.tags.get(offset | START) {
@@ -780,6 +811,46 @@ mod tests {
     /// apart when extents coalesce (a block cut from a coalesced extent is ordered after the frees of
     /// its own bytes only), returned with the block cut from them; bytes past the highest block ever
     /// allocated carry none whatever the extent there says.
+    /// Three streams' frees side by side coalesce into one extent: its ends are the first and the
+    /// last stream's bytes, and only the placements by piece reach the middle one's.
+    #[test]
+    fn candidates_by_piece_reach_bytes_between_others() {
+        let s: Vec<Stamp> = (1..=3)
+            .map(|i| Stamp::from_bits((1 << (48 + i)) | i as u64))
+            .collect();
+        let mut c = ExtentCore::new(64 * U);
+        c.keep_stamps();
+        let blocks: Vec<u64> = (0..3).map(|_| c.alloc(4 * U).unwrap()).collect();
+        let _keep = c.alloc(U).unwrap();
+        for (&b, &st) in blocks.iter().zip(&s) {
+            c.free_stamped(b, st).unwrap();
+        }
+        assert_eq!(
+            c.free_ranges()[0],
+            (0, 12 * U),
+            "one extent of three pieces"
+        );
+        let ends = c.candidates(4 * U, 4);
+        assert!(ends.iter().all(|&o| c.free_stamp(o, 4 * U) != s[1]));
+        let by_piece = c.candidates_by_piece(4 * U, 4);
+        assert_eq!(
+            &by_piece[..ends.len()],
+            &ends[..],
+            "the ends first, in best-fit order"
+        );
+        assert!(by_piece.contains(&(4 * U)), "{by_piece:?}");
+        assert_eq!(c.free_stamp(4 * U, 4 * U), s[1]);
+        assert_eq!(c.alloc_at_stamped(4 * U, 4 * U), Some((4 * U, s[1])));
+        c.check().unwrap();
+        // Every placement offered lies inside a free extent.
+        for o in c.candidates_by_piece(2 * U, 4) {
+            assert!(c
+                .free_ranges()
+                .iter()
+                .any(|&(a, n)| a <= o && o + 2 * U <= a + n));
+        }
+    }
+
     #[test]
     fn stamps_follow_the_free_extents() {
         let (s1, s2) = (

@@ -298,7 +298,7 @@ impl ExtentArena {
                 }
                 core.candidates(rounded, candidates)
             }
-            Some(_) => core.candidates(rounded, candidates.max(CAPTURE_CANDIDATES)),
+            Some(_) => core.candidates_by_piece(rounded, candidates.max(CAPTURE_CANDIDATES)),
         };
         if let Some(ok) = usable {
             cands.retain(|&o| ok(core.free_stamp(o, rounded)));

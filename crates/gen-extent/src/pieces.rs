@@ -294,6 +294,12 @@ impl StampTable {
         self.index.insert(key, i);
     }
 
+    /// The pieces of the free extent whose start tag is `key`, if it has stamped ones.
+    #[inline]
+    pub(crate) fn get(&self, key: u64) -> Option<&Pieces> {
+        self.index.get(key).map(|i| &self.slots[i as usize])
+    }
+
     /// The stamp of the bytes `[lo, hi)` of the free extent whose start tag is `key`.
     #[inline]
     pub(crate) fn over(&self, key: u64, lo: u64, hi: u64) -> Stamp {

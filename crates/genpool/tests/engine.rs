@@ -994,13 +994,13 @@ fn busy_streams(dev: &Arc<SimDevice>, pool: &Pool, n: usize) -> Vec<u64> {
     streams
 }
 
-/// More busy serving streams than four: some allocations still wait (session 29, the simulator: 8
-/// streams 1 000 late waits passing against 3 050 waiting, 16 streams 2 950 against 6 200; 4 streams
-/// none, the test above). What was seen: no candidate owes nothing, fresh address space is taken
-/// until the arena's runs out ("extent address space" exhausted), then best fit waits; the likely
-/// reason, a stream's own freed bytes coalesced into the middle of a shared free extent where
-/// placement never looks (docs/ARCHITECTURE.md "Busy serving streams", what is left). The test holds that passing waits at
-/// most two thirds as often as waiting, at a bounded memory.
+/// More busy serving streams than four (session 29, the simulator, late waits passing against
+/// waiting): 8 streams 100 against 3 050, 16 streams 3 100 against 6 200; 4 streams none (the test
+/// above). Their frees coalesce into shared free extents, a stream's own bytes between others'; the
+/// placements by stamp piece (`ExtentCore::candidates_by_piece`) reach them (8 streams: 1 000 waits
+/// without), but an extent keeps four pieces, so with 16 streams the pieces merge and name several
+/// streams (docs/ARCHITECTURE.md "Busy serving streams", what is left). The test holds the 8 streams'
+/// fall to a tenth, the 16 streams' to two thirds, at a bounded memory.
 #[test]
 fn many_busy_serving_streams_wait_less_when_passing() {
     use gen_device::sim::CallKind;
@@ -1026,11 +1026,11 @@ fn many_busy_serving_streams_wait_less_when_passing() {
         }
         (late_waits, reserved)
     };
-    for n in [8, 16] {
+    for (n, at_most) in [(8, 0.1), (16, 2.0 / 3.0)] {
         let (wait_waits, _) = run("experimental.busy_freers:wait", n);
         let (pass_waits, pass_reserved) = run("", n);
         assert!(
-            pass_waits * 3 <= wait_waits * 2,
+            pass_waits as f64 <= wait_waits as f64 * at_most,
             "{n} streams: {pass_waits} waits passing against {wait_waits} waiting"
         );
         assert!(
