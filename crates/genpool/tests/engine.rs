@@ -999,7 +999,7 @@ fn busy_streams(dev: &Arc<SimDevice>, pool: &Pool, n: usize) -> Vec<u64> {
 /// above). Their frees coalesce into shared free extents, a stream's own bytes between others'; the
 /// placements by stamp piece (`ExtentCore::candidates_by_piece`) reach them (8 streams: 1 000 waits
 /// without), but an extent keeps four pieces, so with 16 streams the pieces merge and name several
-/// streams (docs/ARCHITECTURE.md "Busy serving streams", what is left). The test holds the 8 streams'
+/// streams (docs/ARCHITECTURE.md "Busy serving streams", past four busy streams). The test holds the 8 streams'
 /// fall to a tenth, the 16 streams' to two thirds, at a bounded memory.
 #[test]
 fn many_busy_serving_streams_wait_less_when_passing() {
