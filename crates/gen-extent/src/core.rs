@@ -807,10 +807,6 @@ mod tests {
 
     const U: u64 = MIN_BLOCK;
 
-    /// Stamps stay on the free extents, piece by piece: carried by what is left of a split extent, kept
-    /// apart when extents coalesce (a block cut from a coalesced extent is ordered after the frees of
-    /// its own bytes only), returned with the block cut from them; bytes past the highest block ever
-    /// allocated carry none whatever the extent there says.
     /// Three streams' frees side by side coalesce into one extent: its ends are the first and the
     /// last stream's bytes, and only the placements by piece reach the middle one's.
     #[test]
@@ -851,6 +847,10 @@ mod tests {
         }
     }
 
+    /// Stamps stay on the free extents, piece by piece: carried by what is left of a split extent, kept
+    /// apart when extents coalesce (a block cut from a coalesced extent is ordered after the frees of
+    /// its own bytes only), returned with the block cut from them; bytes past the highest block ever
+    /// allocated carry none whatever the extent there says.
     #[test]
     fn stamps_follow_the_free_extents() {
         let (s1, s2) = (

@@ -549,9 +549,9 @@ impl PagePool {
 
     /// Take the free page with the highest index (never `(rid, pidx)`) for this address: unmapped from
     /// its own (or left there as an old mapping while warm); `Stolen::None` when no page is free.
-    /// Synchronizes the device once per commit at most (`settle`). With `pass` a page whose last users' stream is known busy
-    /// (a wait or a question found it so, and its backoff has not run out: [`PagePool::learn_idle`])
-    /// is left where it is: the committing stream would wait on the device for that stream's work,
+    /// Synchronizes the device once per commit at most (`settle`). With `pass` a page whose last
+    /// users' stream is known busy (a wait or a question found it so, and its backoff has not run
+    /// out: [`PagePool::learn_idle`]) is left where it is: the committing stream would wait on the device for that stream's work,
     /// which it never shared. Several serving streams, each busy, then each keep to pages of their own
     /// (new ones, at the memory that costs) instead of running one after another. Where no stream was
     /// ever found busy — every replay — nothing is passed over.

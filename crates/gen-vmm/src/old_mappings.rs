@@ -246,7 +246,6 @@ impl PagePool {
     }
 }
 
-/// The epoch of the zombie mapping at `(rid, pidx)`, if there is one (`None` too for a dropped region).
 /// The old mapping left at page `pidx` of region `rid` (registered), if any.
 pub(crate) fn zombie_at(g: &Inner, rid: u32, pidx: u32) -> Option<Zombie> {
     g.regions[rid as usize]
@@ -256,6 +255,7 @@ pub(crate) fn zombie_at(g: &Inner, rid: u32, pidx: u32) -> Option<Zombie> {
         .zombie
 }
 
+/// The epoch of the zombie mapping at `(rid, pidx)`, if there is one (`None` too for a dropped region).
 pub(crate) fn zombie_epoch(regions: &[Option<RegionPages>], rid: u32, pidx: u32) -> Option<u64> {
     regions
         .get(rid as usize)
