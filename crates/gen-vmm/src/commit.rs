@@ -608,10 +608,7 @@ impl PagePool {
             }
             // Never found busy: taken, asked and waited for as before. Found busy: passed over until
             // its backoff runs out, then asked (idle: taken).
-            match g.stream_fences.iter().position(|sf| sf.stream == s) {
-                Some(i) => g.stream_fences[i].busy != 0 && !self.learn_idle(g, i, s),
-                None => false,
-            }
+            self.still_busy(g, s)
         };
         // The page's stream, or — a page of a shared region — each stream that freed bytes on it.
         if let Some(s) = stream {

@@ -168,14 +168,21 @@ impl PagePool {
         let mut g = self.lock();
         let mut bits = 0;
         for (k, s) in streams.into_iter().enumerate() {
-            let Some(i) = g.stream_fences.iter().position(|sf| sf.stream == s) else {
-                continue;
-            };
-            if g.stream_fences[i].busy != 0 && !self.learn_idle(&mut g, i, s) {
+            if self.still_busy(&mut g, s) {
                 bits |= bit(k);
             }
         }
         bits
+    }
+
+    /// Whether `stream` is known busy: the last question found it so and its backoff has not run out,
+    /// or it ran out and the question asked now (`learn_idle`) hears busy again. A stream never found
+    /// busy (or never seen) is not.
+    pub(crate) fn still_busy(&self, g: &mut Inner, stream: StreamId) -> bool {
+        match g.stream_fences.iter().position(|sf| sf.stream == stream) {
+            Some(i) => g.stream_fences[i].busy != 0 && !self.learn_idle(g, i, stream),
+            None => false,
+        }
     }
 
     /// Make `target` wait on the device for a fence of `after` covering epoch `epoch` (the newest one

@@ -262,16 +262,6 @@ impl Region {
         self.unbacked_locked(&g, offset, len)
     }
 
-    /// [`unbacked_in`](Self::unbacked_in) of each of `ranges`, under one lock: placement policies compare
-    /// candidates with it.
-    pub fn unbacked_pages(&self, ranges: &[(u64, u64)]) -> Vec<u64> {
-        let g = self.pool.lock();
-        ranges
-            .iter()
-            .map(|&(offset, len)| self.unbacked_locked(&g, offset, len))
-            .collect()
-    }
-
     /// Whether the pool passes over busy freers ([`PagePool::set_pass_busy`]) and some stream is known
     /// busy now ([`PagePool::any_known_busy`]): placement then asks
     /// [`placement_costs`](Self::placement_costs) even where it would not compare candidates. No lock.
@@ -283,14 +273,15 @@ impl Region {
             && self.pool.any_known_busy()
     }
 
-    /// [`unbacked_pages`](Self::unbacked_pages) for a placement of a block for work on `stream`
-    /// (`None`: the region's own stream), except that — while the pool passes over busy freers
+    /// [`unbacked_in`](Self::unbacked_in) of each of `ranges`, under one lock (placement compares
+    /// candidates with it), for a block for work on `stream` (`None`: the region's own stream), except
+    /// that — while the pool passes over busy freers
     /// ([`PagePool::set_pass_busy`]) and some stream is known busy — a range where committing would
     /// wait for a busy stream (an old mapping here still warm, its page in use elsewhere or warm with a
     /// busy stream's work) costs `u64::MAX`: the arena places the block elsewhere while it can. Two
     /// serving streams whose pages once changed hands otherwise hand them back and forth, each move a
     /// wait for the other stream's queued work. Nowhere else (every replay: no stream is ever busy)
-    /// does this differ from [`unbacked_pages`](Self::unbacked_pages).
+    /// does this differ from [`unbacked_in`](Self::unbacked_in).
     pub fn placement_costs(&self, ranges: &[(u64, u64)], stream: Option<StreamId>) -> Vec<u64> {
         let passing = self.passes_busy();
         let mut g = self.pool.lock();
