@@ -261,7 +261,9 @@ impl ExtentArena {
     /// [`CAPTURE_CANDIDATES`] best fits at least, else in address space no block ever used. Where
     /// committing a candidate for work on `stream` would wait for a stream known busy
     /// ([`gen_vmm::Region::placement_costs`]; only while the pool passes over busy freers), it is left
-    /// alone: another candidate, else address space no block ever used, else it after all.
+    /// alone: another candidate, else address space no block ever used, else it after all. Before best
+    /// fit, or every candidate, is given up for that, the busy streams are asked again past their
+    /// backoff ([`gen_vmm::Region::ask_busy_again`]): a stream that went idle is busy no more.
     fn place(
         &self,
         core: &mut ExtentCore,
@@ -270,15 +272,23 @@ impl ExtentArena {
         usable: Option<&dyn Fn(Stamp) -> bool>,
         stream: Option<gen_device::StreamId>,
     ) -> Option<(u64, Stamp)> {
+        // Best fit, when it is known to wait for a busy stream (asked once, not again below).
+        let mut blocked = None;
         let mut cands = match usable {
             None if candidates <= 1 => {
                 // Plain best fit, unless committing there would wait for a busy stream: then the
                 // best fits that would not, as below.
-                let blocked = self.region.passes_busy() && {
+                if self.region.passes_busy() {
                     let best = core.best_fit(rounded)?;
-                    self.region.placement_costs(&[(best, rounded)], stream)[0] == u64::MAX
-                };
-                if !blocked {
+                    let waits =
+                        || self.region.placement_costs(&[(best, rounded)], stream)[0] == u64::MAX;
+                    // Before best fit is given up for a belief (a busy stream's backoff counts
+                    // questions, not time), the busy streams are asked again.
+                    if waits() && (!self.region.ask_busy_again() || waits()) {
+                        blocked = Some(best);
+                    }
+                }
+                if blocked.is_none() {
                     return core.alloc_stamped(rounded);
                 }
                 core.candidates(rounded, CAPTURE_CANDIDATES)
@@ -306,12 +316,33 @@ impl ExtentArena {
                 // Bytes no block ever used need no ordering.
                 return core.alloc_unused(rounded);
             }
-        } else if cands.len() <= 1 {
+        } else if cands.len() <= 1 && blocked.is_none() {
             return core.alloc_stamped(rounded);
         }
-        let ranges: Vec<(u64, u64)> = cands.iter().map(|&o| (o, rounded)).collect();
-        let pages = self.region.placement_costs(&ranges, stream);
-        let (&best, &cost) = cands.iter().zip(&pages).min_by_key(|&(_, &p)| p)?;
+        let ranges: Vec<(u64, u64)> = cands
+            .iter()
+            .filter(|&&o| Some(o) != blocked)
+            .map(|&o| (o, rounded))
+            .collect();
+        let mut asked = self.region.placement_costs(&ranges, stream).into_iter();
+        let pages: Vec<u64> = cands
+            .iter()
+            .map(|&o| {
+                if Some(o) == blocked {
+                    u64::MAX
+                } else {
+                    asked.next().unwrap_or(u64::MAX)
+                }
+            })
+            .collect();
+        let (mut best, mut cost) = cands.iter().copied().zip(pages).min_by_key(|&(_, p)| p)?;
+        if cost == u64::MAX && self.region.ask_busy_again() {
+            // A stream only believed busy (its backoff, counted in questions, not run out) is idle:
+            // the candidates again, now, before address space no block used is taken for its sake.
+            let ranges: Vec<(u64, u64)> = cands.iter().map(|&o| (o, rounded)).collect();
+            let pages = self.region.placement_costs(&ranges, stream);
+            (best, cost) = cands.iter().copied().zip(pages).min_by_key(|&(_, p)| p)?;
+        }
         if cost == u64::MAX {
             // Each would wait for a busy stream: bytes no block ever used, if any are left.
             if let Some(placed) = core.alloc_unused(rounded) {

@@ -348,7 +348,7 @@ impl PagePool {
             .cfg
             .limit
             .is_none_or(|l| (g.stats.pages_held + 1) * self.page <= l);
-        let pass = under_limit && self.pass_busy.load(Relaxed);
+        let pass = under_limit && self.passes_busy_freers();
         // An old mapping left here by a move: take its page back if it is free (and not warm with a
         // busy stream's work, where a new page may be made instead), else it must go before a page
         // can be mapped.
@@ -379,6 +379,15 @@ impl PagePool {
                 Stolen::None => self.create(g, false, rid, pidx, synced)?,
                 // A new page instead (as where no page is free); out of device memory, the page is
                 // stolen after all (and waited for).
+                // Before a page is made for the belief, the busy streams are asked again (their
+                // backoff counts questions, not time): one that went idle gives its pages back.
+                Stolen::PassedBusy if self.ask_busy_again_locked(g) => {
+                    match self.steal(g, rid, pidx, synced, pass)? {
+                        Stolen::Page(h) => h,
+                        Stolen::None => self.create(g, false, rid, pidx, synced)?,
+                        Stolen::PassedBusy => self.create(g, true, rid, pidx, synced)?,
+                    }
+                }
                 Stolen::PassedBusy => self.create(g, true, rid, pidx, synced)?,
             }
         } else {

@@ -175,6 +175,24 @@ impl PagePool {
         bits
     }
 
+    /// Ask each stream known busy again now, past its backoff (one `cuStreamQuery` each), under the
+    /// pool's lock: for a commit about to make a page because it passed over a busy stream's free
+    /// pages, and placement about to take address space no block used for a busy stream's sake
+    /// ([`Region::ask_busy_again`](crate::Region::ask_busy_again)). The backoff counts questions, not time, so a stream that went idle would otherwise stay
+    /// "busy" for up to 2^[`BUSY_BACKOFF`] more of them, and each of its pages passed over is a page
+    /// made. Returns whether any of them is idle now.
+    pub(crate) fn ask_busy_again_locked(&self, g: &mut Inner) -> bool {
+        let mut idle = false;
+        for i in 0..g.stream_fences.len() {
+            if g.stream_fences[i].busy != 0 {
+                g.stream_fences[i].skip = 0;
+                let s = g.stream_fences[i].stream;
+                idle |= self.learn_idle(g, i, s);
+            }
+        }
+        idle
+    }
+
     /// Whether `stream` is known busy: the last question found it so and its backoff has not run out,
     /// or it ran out and the question asked now (`learn_idle`) hears busy again. A stream never found
     /// busy (or never seen) is not.

@@ -504,6 +504,12 @@ impl PagePool {
         self.pass_busy.store(on, Relaxed);
     }
 
+    /// Whether the pool passes over busy freers ([`set_pass_busy`](Self::set_pass_busy)); no lock.
+    #[inline]
+    pub fn passes_busy_freers(&self) -> bool {
+        self.pass_busy.load(Relaxed)
+    }
+
     /// Whether no page may leave its address now: a capture is underway on the device, or the pool
     /// keeps its mappings (see the crate docs, "Pages that stay").
     #[inline]

@@ -267,10 +267,18 @@ impl Region {
     /// [`placement_costs`](Self::placement_costs) even where it would not compare candidates. No lock.
     #[inline]
     pub fn passes_busy(&self) -> bool {
-        self.pool
-            .pass_busy
-            .load(std::sync::atomic::Ordering::Relaxed)
-            && self.pool.any_known_busy()
+        self.pool.passes_busy_freers() && self.pool.any_known_busy()
+    }
+
+    /// Ask the streams known busy again now, past their backoff (one `cuStreamQuery` each): whether any
+    /// is idle now (placement's costs may then differ). For placement about to leave every candidate
+    /// alone for a busy stream's sake. No lock and no device call while none is known busy.
+    pub fn ask_busy_again(&self) -> bool {
+        if !self.pool.any_known_busy() {
+            return false;
+        }
+        let mut g = self.pool.lock();
+        self.pool.ask_busy_again_locked(&mut g)
     }
 
     /// [`unbacked_in`](Self::unbacked_in) of each of `ranges`, under one lock (placement compares

@@ -1042,9 +1042,11 @@ fn many_busy_serving_streams_wait_less_when_passing() {
 }
 
 /// Serving streams that were busy (each passed over the others' leftovers, making pages of its own)
-/// and go idle again share again: the first question after the backoff hears "idle", nothing is
-/// passed over any more, no step waits, no page is made, and the pages the busy spell made go back to
-/// the device on a trim (PyTorch's `empty_cache`), down to what one step needs.
+/// and go idle again share again: no page is made for a stream only believed busy (a commit about to
+/// make one asks the busy streams again, past their backoff: without that, the backoff — counted in
+/// questions — kept them "busy" for a hundred more steps and the peak grew by a quarter), nothing is
+/// passed over any more, no step waits, and the pages the busy spell made go back to the device on a
+/// trim (PyTorch's `empty_cache`), down to what one step needs.
 #[test]
 fn busy_serving_streams_share_again_once_idle() {
     use gen_device::sim::CallKind;
