@@ -19,6 +19,7 @@
 
 mod arenas;
 mod books;
+mod busykeep;
 pub mod config;
 pub mod devices;
 pub mod error;

@@ -14,6 +14,7 @@ use parking_lot::Mutex;
 
 use crate::arenas::{Extents, ExtentsConfig, NO_STREAM};
 use crate::books::LiveBooks;
+use crate::busykeep::BusyKeep;
 use crate::config::{Config, LongTier, MidTier, Routing};
 use crate::error::{FreeFault, GenpoolError, OomReport, Result, TierUsage};
 use crate::headroom::Headroom;
@@ -149,6 +150,9 @@ pub struct Pool {
     books: LiveBooks,
     /// Large blocks a thread keeps for its next allocations while several threads allocate at once.
     tcache: ThreadCaches,
+    /// Blocks a stream known busy freed itself in the shared arena, kept for its next allocations of
+    /// their size (`busykeep.rs`).
+    busy_keep: BusyKeep,
     /// Records of the slab's live blocks, per slot.
     slab_book: SlabBook,
     /// Slab blocks a thread freed, kept for its next allocations of their class (`mag.rs`).
@@ -345,6 +349,7 @@ impl Pool {
             meta: MetaTable::new(),
             books: LiveBooks::new(),
             tcache: ThreadCaches::new(thread_caches),
+            busy_keep: BusyKeep::default(),
             slab_book,
             mags,
             ooms: AtomicU64::new(0),
@@ -529,6 +534,11 @@ impl Pool {
                     return Ok(self.hand_out(ptr, size, requested, stream));
                 }
             }
+            if self.busy_keep.bytes() != 0 {
+                if let Some(ptr) = self.take_busy_kept(size, stream) {
+                    return Ok(self.hand_out(ptr, size, requested, stream));
+                }
+            }
         }
         let (mut planned, mut ticket) = (None, Ticket::NONE);
         // The planner sees every large allocation (by size, not by prediction, so the sequence it learns
@@ -661,6 +671,47 @@ impl Pool {
         self.note_stream(stream);
         if self.hot.multi_stream.load(Relaxed) && self.deferred_bytes.load(Relaxed) != 0 {
             self.give_back_deferred();
+        }
+    }
+
+    /// A block of `size` bytes `stream` freed while it was busy (`busykeep.rs`), for its allocation now;
+    /// none during a capture. Once no stream is known busy any more, every kept block goes back.
+    #[cold]
+    fn take_busy_kept(&self, size: u64, stream: StreamId) -> Option<u64> {
+        if self.device.captures().active() {
+            return None;
+        }
+        if !self.pages.any_known_busy() {
+            self.drain_busy_kept();
+            return None;
+        }
+        self.busy_keep.take(size, stream)
+    }
+
+    /// Whether the block at `ptr` (an extent block of `size` bytes, not a plan's) freed on `stream`, its
+    /// own, is kept for the stream's next allocation of its size (`busykeep.rs`): the pool passes over
+    /// busy freers, the block is the shared arena's, no capture is underway, and `stream` is known busy.
+    /// No lock while no stream is known busy.
+    #[inline]
+    fn keeps_for_busy(&self, ptr: u64, size: u64, stream: StreamId) -> bool {
+        self.pages.any_known_busy() && self.keeps_for_busy_slow(ptr, size, stream)
+    }
+
+    #[cold]
+    fn keeps_for_busy_slow(&self, ptr: u64, size: u64, stream: StreamId) -> bool {
+        BusyKeep::fits(size)
+            && self.pages.passes_busy_freers()
+            && !self.device.captures().active()
+            && self.extents.home(ptr).is_some_and(|h| h.shared)
+            && self.pages.known_busy([stream], |_| 1) != 0
+    }
+
+    /// Give every block the busy streams keep back to its arena (a trim, sleep, the out-of-memory
+    /// path, or no stream busy any more). Not before each growth, as the threads' caches: while its
+    /// stream is busy, a kept block's bytes and pages would only be passed over by the others.
+    fn drain_busy_kept(&self) {
+        for k in self.busy_keep.drain() {
+            self.give_back_kept(k);
         }
     }
 
@@ -874,6 +925,7 @@ impl Pool {
         }
         self.give_back_deferred();
         self.drain_thread_caches();
+        self.drain_busy_kept();
         self.drain_magazines();
         if hard {
             self.slab.trim();
@@ -959,6 +1011,20 @@ impl Pool {
         {
             self.plan_free(meta.ticket, None);
             for k in self.tcache.keep(Kept { ptr, size, stream }) {
+                self.give_back_kept(k);
+            }
+            self.books.sub(Tier::Extent as usize, size);
+            return Ok(LiveBlock::of(ptr, &meta));
+        }
+        // A stream known busy keeps its own-stream frees of the shared arena for its next allocations
+        // of their size, rather than leave bytes the other streams would pass over (`busykeep.rs`).
+        if meta.tier == Tier::Extent
+            && !meta.ticket.is_planned()
+            && stream == meta.stream
+            && self.keeps_for_busy(ptr, size, stream)
+        {
+            self.plan_free(meta.ticket, None);
+            for k in self.busy_keep.keep(Kept { ptr, size, stream }) {
                 self.give_back_kept(k);
             }
             self.books.sub(Tier::Extent as usize, size);
@@ -1303,7 +1369,10 @@ impl Pool {
             num_ooms: self.ooms.load(Relaxed),
             num_alloc_retries: self.retries.load(Relaxed),
             num_invalid_frees: self.invalid_frees.load(Relaxed),
-            cached_bytes: self.deferred_bytes.load(Relaxed) + self.tcache.bytes(),
+            cached_bytes: self.deferred_bytes.load(Relaxed)
+                + self.tcache.bytes()
+                + self.busy_keep.bytes(),
+            busy_kept_reuses: self.busy_keep.reuses(),
             page_slack: self.pages.slack(),
             pages,
             tiers: Tier::ALL

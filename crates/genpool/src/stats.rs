@@ -42,9 +42,13 @@ pub struct PoolStats {
     pub num_alloc_retries: u64,
     /// Frees refused (unknown, double, null).
     pub num_invalid_frees: u64,
-    /// Bytes of blocks freed during a capture whose return to their tier waits for the capture's end (their
-    /// handoff's ordering cannot be recorded during it).
+    /// Bytes of freed blocks held out of their tier: freed during a capture, whose return waits for the
+    /// capture's end (their handoff's ordering cannot be recorded during it), or kept for their thread's
+    /// or busy stream's next allocation of their size.
     pub cached_bytes: u64,
+    /// Allocations a stream known busy served from a block it had freed itself (kept out of the shared
+    /// arena while it was busy; their bytes, while kept, are in `cached_bytes`).
+    pub busy_kept_reuses: u64,
     /// The shared page pool.
     pub pages: PagePoolStats,
     /// The page headroom in force (`page_slack`, grown under the move budget by iteration marks).
