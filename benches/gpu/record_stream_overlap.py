@@ -14,7 +14,7 @@ streams run spin kernels (`torch.cuda._sleep`, one block each, so they overlap o
 
 - `serve4`: four serving streams, each allocating a buffer of one of four sizes, spinning a quarter
   of a spin and dropping it on its own stream (no record_stream): blocks freed by one stream may be cut
-  again for another.
+  again for another. `serve16` (only with `--patterns`): the same with sixteen streams.
 
 Overlapped, a step takes about one spin (`serve4`: a quarter); serialized, two (`serve4`: one). Prints one JSON line per mode and pattern:
 ms a step (median of `--reps` timed runs of `--steps` steps), the spin alone, the step over the spin,
@@ -107,14 +107,23 @@ def serve(torch, steps, cycles, size, streams=4):
         torch.cuda.current_stream().wait_stream(s)
 
 
-def run(mode, steps, spin_ms, reps, size):
+PATTERNS = {
+    "side": side,
+    "prefetch": prefetch,
+    "serve4": serve,
+    "serve16": lambda torch, steps, cycles, size: serve(torch, steps, cycles, size, streams=16),
+}
+
+
+def run(mode, steps, spin_ms, reps, size, patterns):
     if mode.startswith("genpool"):
         import genpool_torch
         genpool_torch.install()
     import torch
     torch.cuda.init()
     cycles = spin_cycles(torch, spin_ms)
-    for name, fn in (("side", side), ("prefetch", prefetch), ("serve4", serve)):
+    for name in patterns:
+        fn = PATTERNS[name]
         torch.cuda.synchronize()
         torch.cuda.empty_cache()  # the pattern's own memory: nothing cached from the one before
         fn(torch, 5, cycles, size)  # warm: the blocks exist, the streams too
@@ -152,6 +161,8 @@ def run(mode, steps, spin_ms, reps, size):
             out["page_waits"] = st.get("pages", {}).get("stream_waits", 0) - (page_waits0 or 0)
             out["sync_fallbacks"] = st.get("sync_fallbacks")
             out["held_back_now"] = st.get("held_back")
+            # Allocations a busy stream served from its own kept blocks (`busykeep.rs`).
+            out["busy_kept_reuses"] = st.get("busy_kept_reuses")
         print(json.dumps(out), flush=True)
 
 
@@ -162,10 +173,16 @@ def main():
     ap.add_argument("--spin-ms", type=float, default=2.0)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--size-mib", type=int, default=64)
+    ap.add_argument("--patterns", default="side,prefetch,serve4",
+                    help="any of " + ",".join(PATTERNS))
     ap.add_argument("--mode", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    patterns = a.patterns.split(",")
+    unknown = [p for p in patterns if p not in PATTERNS]
+    if unknown:
+        ap.error(f"unknown patterns {unknown}; known: {', '.join(PATTERNS)}")
     if a.mode:
-        run(a.mode, a.steps, a.spin_ms, a.reps, a.size_mib * MIB)
+        run(a.mode, a.steps, a.spin_ms, a.reps, a.size_mib * MIB, patterns)
         return
     status = 0
     for mode in a.modes.split(","):
@@ -179,7 +196,8 @@ def main():
         if conf:
             env["GENPOOL_CONF"] = ",".join(filter(None, [env.get("GENPOOL_CONF"), conf]))
         cmd = [sys.executable, os.path.abspath(__file__), "--mode", mode, "--steps", str(a.steps),
-               "--spin-ms", str(a.spin_ms), "--reps", str(a.reps), "--size-mib", str(a.size_mib)]
+               "--spin-ms", str(a.spin_ms), "--reps", str(a.reps), "--size-mib", str(a.size_mib),
+               "--patterns", a.patterns]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
         sys.stdout.write(res.stdout)
         if res.returncode != 0:
