@@ -689,8 +689,9 @@ impl Pool {
     }
 
     /// Whether the block at `ptr` (an extent block of `size` bytes, not a plan's) freed on `stream`, its
-    /// own, is kept for the stream's next allocation of its size (`busykeep.rs`): the pool passes over
-    /// busy freers, the block is the shared arena's, no capture is underway, and `stream` is known busy.
+    /// own, is kept for the stream's next allocation of its size (`busykeep.rs`): the pool routes by
+    /// size and passes over busy freers, the block is the shared arena's, no capture is underway, and
+    /// `stream` is known busy.
     /// No lock while no stream is known busy.
     #[inline]
     fn keeps_for_busy(&self, ptr: u64, size: u64, stream: StreamId) -> bool {
@@ -700,6 +701,8 @@ impl Pool {
     #[cold]
     fn keeps_for_busy_slow(&self, ptr: u64, size: u64, stream: StreamId) -> bool {
         BusyKeep::fits(size)
+            // Only where the allocation path takes kept blocks back (`alloc`: routing by size).
+            && self.hot.routing == Routing::Single
             && self.pages.passes_busy_freers()
             && !self.device.captures().active()
             && self.extents.home(ptr).is_some_and(|h| h.shared)
