@@ -124,6 +124,9 @@ fn size_strategy(s: Setup) -> BoxedStrategy<SizeKind> {
         12 => (1..=4 * KIB).prop_map(SizeKind::Small),
         6 => (4 * KIB + 1..=MIB).prop_map(SizeKind::Medium),
         4 => (MIB + 1..=large_max).prop_map(SizeKind::Large),
+        // A few sizes that recur (a model's shapes): exact-size reuse (a thread's or a busy stream's
+        // kept blocks) is reached only where a size comes again.
+        3 => prop_oneof![Just(3 * MIB / 2), Just(2 * MIB), Just(4 * MIB + 512)].prop_map(SizeKind::Large),
         huge => (100u16..=1000).prop_map(SizeKind::Huge),
         1 => prop_oneof![Just(u64::MAX), 1..=u64::MAX].prop_map(SizeKind::Beyond),
     ]
@@ -200,6 +203,8 @@ struct Counts {
     invalid_frees: u64,
     faults: u64,
     refused_waits: u64,
+    /// Allocations a busy stream served from its own kept blocks (`busykeep.rs`).
+    busy_kept_reuses: u64,
 }
 
 fn fail(msg: String) -> TestCaseError {
@@ -667,6 +672,7 @@ impl Harness {
         }
         self.check()?;
         self.ops += 1;
+        let busy_kept_reuses = self.pool.stats().busy_kept_reuses;
         common::trim_and_assert_nothing_held(&self.pool, &self.dev)?;
         for e in self.events {
             self.dev.event_destroy(e).map_err(|e| fail(e.to_string()))?;
@@ -677,6 +683,7 @@ impl Harness {
             invalid_frees: self.invalid_frees,
             faults: self.faults,
             refused_waits: self.refused_waits,
+            busy_kept_reuses,
         })
     }
 }
@@ -736,6 +743,7 @@ fn run(name: &str, s: Setup) {
             t.invalid_frees += c.invalid_frees;
             t.faults += c.faults;
             t.refused_waits += c.refused_waits;
+            t.busy_kept_reuses += c.busy_kept_reuses;
             Ok(())
         },
     );
@@ -743,13 +751,15 @@ fn run(name: &str, s: Setup) {
     let total = TOTAL_OPS.fetch_add(c.ops, Relaxed) + c.ops;
     eprintln!(
         "{name}: {} engine ops in {cases} cases, {:.1} s ({} out of memory, {} refused frees, {} \
-         injected faults fired, {} waits on a paused stream refused; this binary so far: {total} ops)",
+         injected faults fired, {} waits on a paused stream refused, {} allocations from a busy \
+         stream's kept blocks; this binary so far: {total} ops)",
         c.ops,
         t0.elapsed().as_secs_f64(),
         c.ooms,
         c.invalid_frees,
         c.faults,
         c.refused_waits,
+        c.busy_kept_reuses,
     );
     if let Err(e) = res {
         panic!("{name}: {e}");
