@@ -319,22 +319,29 @@ impl ExtentArena {
         } else if cands.len() <= 1 && blocked.is_none() {
             return core.alloc_stamped(rounded);
         }
-        let ranges: Vec<(u64, u64)> = cands
-            .iter()
-            .filter(|&&o| Some(o) != blocked)
-            .map(|&o| (o, rounded))
-            .collect();
-        let mut asked = self.region.placement_costs(&ranges, stream).into_iter();
-        let pages: Vec<u64> = cands
-            .iter()
-            .map(|&o| {
-                if Some(o) == blocked {
-                    u64::MAX
-                } else {
-                    asked.next().unwrap_or(u64::MAX)
-                }
-            })
-            .collect();
+        // (Sized once: a filtered collect grows the vector as it goes.)
+        let mut ranges: Vec<(u64, u64)> = Vec::with_capacity(cands.len());
+        ranges.extend(
+            cands
+                .iter()
+                .filter(|&&o| Some(o) != blocked)
+                .map(|&o| (o, rounded)),
+        );
+        let mut pages = self.region.placement_costs(&ranges, stream);
+        if let Some(b) = blocked {
+            // Best fit's cost, known: in its places (ends of one extent may coincide), not asked again.
+            let mut asked = pages.into_iter();
+            pages = cands
+                .iter()
+                .map(|&o| {
+                    if o == b {
+                        u64::MAX
+                    } else {
+                        asked.next().unwrap_or(u64::MAX)
+                    }
+                })
+                .collect();
+        }
         let (mut best, mut cost) = cands.iter().copied().zip(pages).min_by_key(|&(_, p)| p)?;
         if cost == u64::MAX && self.region.ask_busy_again() {
             // A stream only believed busy (its backoff, counted in questions, not run out) is idle:
