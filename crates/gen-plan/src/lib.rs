@@ -33,6 +33,33 @@ pub mod server;
 pub mod solve;
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// Hashes a window fingerprint (already a hash of the window's sizes: [`window_hash`]) with one
+/// multiply, for the planner's maps keyed by fingerprints. The standard map's SipHash was most of
+/// detection's cost on every large allocation while the planner is awake (its order is not relied on:
+/// the maps are only looked up).
+#[derive(Default)]
+struct FingerprintHasher(u64);
+
+impl Hasher for FingerprintHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(self.0.rotate_left(8) ^ u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, k: u64) {
+        self.0 = (k ^ (k >> 32)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// A map keyed by window fingerprints.
+type ByFingerprint = HashMap<u64, u64, BuildHasherDefault<FingerprintHasher>>;
 
 pub use server::{PlanServer, PlanServerConfig, PlanServerStats};
 use solve::Interval;
@@ -170,7 +197,7 @@ struct Plan {
     /// Position at which to activate (fewest planned bytes alive).
     phase: u64,
     /// Window fingerprint ending at a position → that position (unique windows only).
-    by_fingerprint: HashMap<u64, u64>,
+    by_fingerprint: ByFingerprint,
     footprint: u64,
     lower_bound: u64,
     /// Longest run of allocations with no free in between while the period was recorded.
@@ -209,7 +236,7 @@ pub struct Planner {
     hist: Vec<u64>,
     mask: u64,
     /// Fingerprint → last sequence number whose window had it.
-    last_seen: HashMap<u64, u64>,
+    last_seen: ByFingerprint,
     /// Per ring slot: (sequence number, previous sequence number with the same fingerprint).
     chain: Vec<(u64, u64)>,
     /// Candidate gaps and how long the sequence has repeated at each.
@@ -275,7 +302,7 @@ impl Planner {
             seq: 0,
             hist: vec![0; ring as usize],
             mask: ring - 1,
-            last_seen: HashMap::new(),
+            last_seen: ByFingerprint::default(),
             chain: vec![(NO_SEQ, NO_SEQ); ring as usize],
             gaps: Vec::new(),
             floor: cfg.min_period,
@@ -729,7 +756,7 @@ fn build_plan(rec: Record, w: u64) -> Option<Plan> {
     // Activate where the fewest planned bytes are alive.
     let live = solve::live_by_position(&blocks, p);
     let phase = (0..p).min_by_key(|&x| live[x as usize]).unwrap_or(0);
-    let mut by_fingerprint = HashMap::new();
+    let mut by_fingerprint = ByFingerprint::default();
     let mut dup = std::collections::HashSet::new();
     for x in 0..p {
         // The window ending at position x, wrapping around the period, oldest first — as at run time.
