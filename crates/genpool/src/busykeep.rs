@@ -15,7 +15,8 @@
 //!
 //! What a kept block costs is memory (its pages stay committed, and no other stream can use them — which
 //! passing over costs anyway while the stream is busy), bounded: [`PER_STREAM`] blocks of at most
-//! [`MAX_BLOCK`] bytes a stream, [`MAX_BYTES`] in all, the oldest given back past that. Every block goes
+//! [`MAX_BLOCK`] bytes and [`STREAM_BYTES`] in all a stream, [`MAX_BYTES`] for all streams, the oldest
+//! given back past that. Every block goes
 //! back to the arena with the thread caches' (`tcache.rs`): before the pool would create a page, on a
 //! trim (`empty_cache`), before sleep, on the out-of-memory path — and all of them at the first call
 //! that finds no stream known busy any more. Nothing is kept during a capture, nor in a replay (no stream
@@ -32,6 +33,8 @@ use crate::tcache::Kept;
 pub(crate) const PER_STREAM: usize = 4;
 /// Largest block kept (bytes).
 pub(crate) const MAX_BLOCK: u64 = 256 << 20;
+/// Bytes a stream keeps at most.
+pub(crate) const STREAM_BYTES: u64 = 512 << 20;
 /// Bytes kept at most, all streams.
 pub(crate) const MAX_BYTES: u64 = 4 << 30;
 
@@ -81,14 +84,23 @@ impl BusyKeep {
     }
 
     /// Keep `block` (one that [`fits`](Self::fits)). Returns the blocks it pushed out — its stream's
-    /// oldest past [`PER_STREAM`], then the oldest of any stream past [`MAX_BYTES`] — for the caller to
-    /// give back to the arena.
+    /// oldest past [`PER_STREAM`] or [`STREAM_BYTES`], then the oldest of any stream past
+    /// [`MAX_BYTES`] — for the caller to give back to the arena.
     pub(crate) fn keep(&self, block: Kept) -> Vec<Kept> {
         debug_assert!(Self::fits(block.size));
         let mut kept = self.kept.lock();
         let mut bytes = self.bytes();
         let mut out = Vec::new();
-        if kept.iter().filter(|k| k.stream == block.stream).count() >= PER_STREAM {
+        let mine = |kept: &[Kept]| {
+            kept.iter()
+                .filter(|k| k.stream == block.stream)
+                .fold((0, 0), |(n, b), k| (n + 1, b + k.size))
+        };
+        loop {
+            let (n, b) = mine(&kept);
+            if n == 0 || (n < PER_STREAM && b + block.size <= STREAM_BYTES) {
+                break;
+            }
             let i = kept
                 .iter()
                 .position(|k| k.stream == block.stream)
@@ -156,6 +168,15 @@ mod tests {
         }
         // Another stream's blocks are not pushed out by this one's.
         assert!(b.keep(kept(1 << 40, 1 << 20, 8)).is_empty());
+        // Past a stream's bytes, its oldest go (stream 9: two blocks of 256 MiB fill its share).
+        assert!(b.keep(kept(3 << 40, MAX_BLOCK, 9)).is_empty());
+        assert!(b.keep(kept(4 << 40, MAX_BLOCK, 9)).is_empty());
+        assert_eq!(
+            b.keep(kept(5 << 40, 1 << 20, 9)),
+            vec![kept(3 << 40, MAX_BLOCK, 9)]
+        );
+        assert_eq!(b.take(MAX_BLOCK, 9), Some(4 << 40), "the newer one stays");
+        assert_eq!(b.take(1 << 20, 9), Some(5 << 40));
         assert_eq!(b.bytes(), (PER_STREAM as u64 + 1) << 20);
         // Past the bytes of all streams, the oldest of any stream.
         let many = MAX_BYTES / MAX_BLOCK;
