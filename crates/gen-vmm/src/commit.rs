@@ -377,8 +377,6 @@ impl PagePool {
             match self.steal(g, rid, pidx, synced, pass)? {
                 Stolen::Page(h) => h,
                 Stolen::None => self.create(g, false, rid, pidx, synced)?,
-                // A new page instead (as where no page is free); out of device memory, the page is
-                // stolen after all (and waited for).
                 // Before a page is made for the belief, the busy streams are asked again (their
                 // backoff counts questions, not time): one that went idle gives its pages back.
                 Stolen::PassedBusy if self.ask_busy_again_locked(g) => {
@@ -388,6 +386,8 @@ impl PagePool {
                         Stolen::PassedBusy => self.create(g, true, rid, pidx, synced)?,
                     }
                 }
+                // A new page instead (as where no page is free); out of device memory, the page is
+                // stolen after all (and waited for).
                 Stolen::PassedBusy => self.create(g, true, rid, pidx, synced)?,
             }
         } else {

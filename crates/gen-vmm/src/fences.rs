@@ -177,10 +177,11 @@ impl PagePool {
 
     /// Ask each stream known busy again now, past its backoff (one `cuStreamQuery` each), under the
     /// pool's lock: for a commit about to make a page because it passed over a busy stream's free
-    /// pages, and placement about to take address space no block used for a busy stream's sake
-    /// ([`Region::ask_busy_again`](crate::Region::ask_busy_again)). The backoff counts questions, not time, so a stream that went idle would otherwise stay
-    /// "busy" for up to 2^[`BUSY_BACKOFF`] more of them, and each of its pages passed over is a page
-    /// made. Returns whether any of them is idle now.
+    /// pages, and placement about to give best fit up for a busy stream's sake
+    /// ([`Region::ask_busy_again`](crate::Region::ask_busy_again)). The backoff counts questions, not
+    /// time, so a stream that went idle would otherwise stay "busy" for up to 2^[`BUSY_BACKOFF`] more
+    /// of them, and each of its pages passed over is a page made. Returns whether any of them is idle
+    /// now.
     pub(crate) fn ask_busy_again_locked(&self, g: &mut Inner) -> bool {
         let mut idle = false;
         for i in 0..g.stream_fences.len() {

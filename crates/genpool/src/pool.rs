@@ -691,8 +691,7 @@ impl Pool {
     /// Whether the block at `ptr` (an extent block of `size` bytes, not a plan's) freed on `stream`, its
     /// own, is kept for the stream's next allocation of its size (`busykeep.rs`): the pool routes by
     /// size and passes over busy freers, the block is the shared arena's, no capture is underway, and
-    /// `stream` is known busy.
-    /// No lock while no stream is known busy.
+    /// `stream` is known busy. No lock while no stream is known busy.
     #[inline]
     fn keeps_for_busy(&self, ptr: u64, size: u64, stream: StreamId) -> bool {
         self.pages.any_known_busy() && self.keeps_for_busy_slow(ptr, size, stream)
