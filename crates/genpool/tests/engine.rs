@@ -1127,6 +1127,67 @@ fn a_busy_streams_own_frees_are_kept_for_it() {
     }
 }
 
+/// A busy stream's kept blocks during a capture and at the edge of the device's memory: no block is
+/// kept or taken back while a capture is underway (the free goes to the arena as any free there); after
+/// it the stream takes its kept block back again; and an allocation that needs the kept block's pages
+/// gets them (the out-of-memory path gives kept blocks back before it fails), nothing cached after.
+#[test]
+fn a_busy_streams_kept_blocks_sit_out_a_capture_and_go_back_before_out_of_memory() {
+    let dev = sim(256 * MIB);
+    let pool = pool_on(&dev, Config::default());
+    let first = dev.stream_create().unwrap();
+    let b = pool.alloc(MIB, first, Hint::NONE).unwrap();
+    pool.free(b.ptr, first).unwrap();
+    let streams = busy_streams(&dev, &pool, 2);
+    let (s, t) = (streams[0], streams[1]);
+    // s learns that t is busy (t's freed bytes are passed over), then t's own free is kept.
+    let warm = pool.alloc(32 * MIB, t, Hint::NONE).unwrap();
+    pool.free(warm.ptr, t).unwrap();
+    let x = pool.alloc(32 * MIB, s, Hint::NONE).unwrap();
+    let y = pool.alloc(32 * MIB, t, Hint::NONE).unwrap();
+    pool.free(y.ptr, t).unwrap();
+    assert_eq!(pool.stats().cached_bytes, 32 * MIB, "kept");
+
+    // A capture on s: nothing kept or taken back meanwhile.
+    dev.begin_capture(s).unwrap();
+    dev.captures().begin();
+    let during = pool.alloc(32 * MIB, t, Hint::NONE).unwrap();
+    assert_ne!(during.ptr, y.ptr, "no kept block taken during a capture");
+    pool.free(during.ptr, t).unwrap();
+    assert_eq!(
+        pool.stats().cached_bytes,
+        32 * MIB,
+        "no free kept during a capture"
+    );
+    assert!(dev.captures().end());
+    dev.end_capture().expect("the capture stayed valid");
+    assert!(dev.capture_violations().is_empty());
+    let after = pool.alloc(32 * MIB, t, Hint::NONE).unwrap();
+    assert_eq!(after.ptr, y.ptr, "taken back after the capture");
+    pool.free(after.ptr, t).unwrap();
+    assert_eq!(pool.stats().cached_bytes, 32 * MIB);
+
+    // The device's memory: 256 MiB, of which x holds 32 and the kept block 32. A block of 208 MiB
+    // needs the kept block's pages: it fits once they go back (waiting for busy t after all).
+    let big = pool
+        .alloc(208 * MIB, s, Hint::NONE)
+        .expect("the kept block gives its pages back before out of memory");
+    assert_eq!(
+        pool.stats().cached_bytes,
+        0,
+        "nothing kept after the relief"
+    );
+    for blk in [x, big] {
+        pool.free(blk.ptr, s).unwrap();
+    }
+    for &st in &streams {
+        dev.resume_stream(st).unwrap();
+    }
+    dev.synchronize().unwrap();
+    pool.trim();
+    assert_eq!(pool.reserved_now(), 0);
+}
+
 /// Serving streams that were busy (each passed over the others' leftovers, making pages of its own)
 /// and go idle again share again: no page is made for a stream only believed busy (a commit about to
 /// make one asks the busy streams again, past their backoff: without that, the backoff — counted in
