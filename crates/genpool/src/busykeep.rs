@@ -20,7 +20,9 @@
 //! back to the arena with the thread caches' (`tcache.rs`): before the pool would create a page, on a
 //! trim (`empty_cache`), before sleep, on the out-of-memory path — and all of them at the first call
 //! that finds no stream known busy any more. Nothing is kept during a capture, nor in a replay (no stream
-//! is ever busy there: the golden test is unchanged).
+//! is ever busy there: the golden test is unchanged). A stream destroyed while known busy (a question
+//! about it then fails, which counts as busy) keeps its blocks until `empty_cache` or memory runs short —
+//! as PyTorch's per-stream caches keep a destroyed stream's blocks: no allocator hears of a stream's end.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
