@@ -1046,6 +1046,40 @@ fn many_busy_serving_streams_wait_less_when_passing() {
     }
 }
 
+/// What [`a_kept_block`] leaves: the first stream, two busy streams `s` and `t` (`streams`), `x`
+/// (32 MiB, live on `s`) and `y` (32 MiB, freed on `t` and kept for it).
+struct KeptSetup {
+    first: u64,
+    streams: Vec<u64>,
+    s: u64,
+    t: u64,
+    x: genpool::Block,
+    y: genpool::Block,
+}
+
+/// A first stream, then two busy streams: `s` learns that `t` is busy (t's freed bytes are passed
+/// over, through the question before the wait), then `t`'s own free of a shared-arena block is kept.
+fn a_kept_block(dev: &Arc<SimDevice>, pool: &Pool) -> KeptSetup {
+    let first = dev.stream_create().unwrap();
+    let b = pool.alloc(MIB, first, Hint::NONE).unwrap();
+    pool.free(b.ptr, first).unwrap();
+    let streams = busy_streams(dev, pool, 2);
+    let (s, t) = (streams[0], streams[1]);
+    let warm = pool.alloc(32 * MIB, t, Hint::NONE).unwrap();
+    pool.free(warm.ptr, t).unwrap();
+    let x = pool.alloc(32 * MIB, s, Hint::NONE).unwrap();
+    let y = pool.alloc(32 * MIB, t, Hint::NONE).unwrap();
+    pool.free(y.ptr, t).unwrap();
+    KeptSetup {
+        first,
+        streams,
+        s,
+        t,
+        x,
+        y,
+    }
+}
+
 /// A busy stream's own free of a shared-arena block is kept for it (`busykeep.rs`): its next
 /// allocation of that size takes the same block back, no other stream gets it (their allocations of the
 /// size land elsewhere), a second free of it is refused, it counts as cached, and it goes back to the
@@ -1055,17 +1089,14 @@ fn many_busy_serving_streams_wait_less_when_passing() {
 fn a_busy_streams_own_frees_are_kept_for_it() {
     let dev = sim(4 * GIB);
     let pool = pool_on(&dev, Config::default());
-    let first = dev.stream_create().unwrap();
-    let b = pool.alloc(MIB, first, Hint::NONE).unwrap();
-    pool.free(b.ptr, first).unwrap();
-    let streams = busy_streams(&dev, &pool, 2);
-    let (s, t) = (streams[0], streams[1]);
-    // t's bytes, freed while busy, are passed over by s: s learns t is busy through its question.
-    let warm = pool.alloc(32 * MIB, t, Hint::NONE).unwrap();
-    pool.free(warm.ptr, t).unwrap();
-    let x = pool.alloc(32 * MIB, s, Hint::NONE).unwrap();
-    let y = pool.alloc(32 * MIB, t, Hint::NONE).unwrap();
-    pool.free(y.ptr, t).unwrap();
+    let KeptSetup {
+        first,
+        streams,
+        s,
+        t,
+        x,
+        y,
+    } = a_kept_block(&dev, &pool);
     let kept = pool.stats();
     assert_eq!(kept.cached_bytes, 32 * MIB, "t's own free is kept");
     assert!(matches!(
@@ -1135,17 +1166,14 @@ fn a_busy_streams_own_frees_are_kept_for_it() {
 fn a_busy_streams_kept_blocks_sit_out_a_capture_and_go_back_before_out_of_memory() {
     let dev = sim(256 * MIB);
     let pool = pool_on(&dev, Config::default());
-    let first = dev.stream_create().unwrap();
-    let b = pool.alloc(MIB, first, Hint::NONE).unwrap();
-    pool.free(b.ptr, first).unwrap();
-    let streams = busy_streams(&dev, &pool, 2);
-    let (s, t) = (streams[0], streams[1]);
-    // s learns that t is busy (t's freed bytes are passed over), then t's own free is kept.
-    let warm = pool.alloc(32 * MIB, t, Hint::NONE).unwrap();
-    pool.free(warm.ptr, t).unwrap();
-    let x = pool.alloc(32 * MIB, s, Hint::NONE).unwrap();
-    let y = pool.alloc(32 * MIB, t, Hint::NONE).unwrap();
-    pool.free(y.ptr, t).unwrap();
+    let KeptSetup {
+        streams,
+        s,
+        t,
+        x,
+        y,
+        ..
+    } = a_kept_block(&dev, &pool);
     assert_eq!(pool.stats().cached_bytes, 32 * MIB, "kept");
 
     // A capture on s: nothing kept or taken back meanwhile.
