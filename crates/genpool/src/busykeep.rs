@@ -16,10 +16,10 @@
 //! What a kept block costs is memory (its pages stay committed, and no other stream can use them — which
 //! passing over costs anyway while the stream is busy), bounded: [`PER_STREAM`] blocks of at most
 //! [`MAX_BLOCK`] bytes and [`STREAM_BYTES`] in all a stream, [`MAX_BYTES`] for all streams, the oldest
-//! given back past that. Every block goes
-//! back to the arena with the thread caches' (`tcache.rs`): before the pool would create a page, on a
-//! trim (`empty_cache`), before sleep, on the out-of-memory path — and all of them at the first call
-//! that finds no stream known busy any more. Nothing is kept during a capture, nor in a replay (no stream
+//! given back past that. Every block goes back to the arena on a trim (`empty_cache`), before sleep, on
+//! the out-of-memory path, and at the first allocation that finds no stream known busy any more — not
+//! before each growth, as the threads' caches (`tcache.rs`) go: while its stream is busy a kept block's
+//! bytes and pages would only be passed over by the others. Nothing is kept during a capture, nor in a replay (no stream
 //! is ever busy there: the golden test is unchanged). A stream destroyed while known busy (a question
 //! about it then fails, which counts as busy) keeps its blocks until `empty_cache` or memory runs short —
 //! as PyTorch's per-stream caches keep a destroyed stream's blocks: no allocator hears of a stream's end.
@@ -98,15 +98,12 @@ impl BusyKeep {
                 .filter(|k| k.stream == block.stream)
                 .fold((0, 0), |(n, b), k| (n + 1, b + k.size))
         };
-        loop {
+        // The stream's oldest, while it keeps as many blocks or bytes as it may.
+        while let Some(i) = kept.iter().position(|k| k.stream == block.stream) {
             let (n, b) = mine(&kept);
-            if n == 0 || (n < PER_STREAM && b + block.size <= STREAM_BYTES) {
+            if n < PER_STREAM && b + block.size <= STREAM_BYTES {
                 break;
             }
-            let i = kept
-                .iter()
-                .position(|k| k.stream == block.stream)
-                .expect("the stream keeps blocks");
             let old = kept.remove(i);
             bytes -= old.size;
             out.push(old);
