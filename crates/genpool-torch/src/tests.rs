@@ -392,6 +392,59 @@ fn record_stream_holds_the_block_until_the_other_streams_work_is_done() {
     assert_eq!((u(&s, "held_back"), u(&s, "reserved_current")), (0, 0));
 }
 
+/// Busy serving streams through PyTorch's entry points (`raw_alloc_with_stream` / `raw_delete`): each
+/// stream's kernels always queued (paused), each allocating one of three sizes a step and dropping it on
+/// its own stream. After the first steps no stream waits for another on the device — a busy stream's own
+/// frees are kept for it (`busy_kept_reuses`) — and `empty_cache` gives every kept block back.
+#[test]
+fn busy_serving_streams_keep_their_own_blocks_through_the_entry_points() {
+    let (dev, d) = sim(12, 8 << 30);
+    // The default stream first (weights, say): the serving streams share the arena after it.
+    let w = malloc(64 << 20, d, NULL_STREAM);
+    assert!(!w.is_null(), "{}", last_error());
+    let streams: Vec<u64> = (0..8).map(|_| dev.stream_create().unwrap()).collect();
+    for &s in &streams {
+        let p = malloc(1 << 20, d, stream_ptr(s));
+        genpool_free(p, 1 << 20, d, stream_ptr(s));
+        dev.pause_stream(s).unwrap();
+    }
+    let sizes = [4usize << 20, 8 << 20, 6 << 20];
+    let mut late_waits = 0;
+    for k in 0..120 {
+        let before = dev.calls();
+        for (i, &s) in streams.iter().enumerate() {
+            let size = sizes[(k + i) % 3];
+            let p = malloc(size, d, stream_ptr(s));
+            assert!(!p.is_null(), "{}", last_error());
+            genpool_free(p, size, d, stream_ptr(s));
+        }
+        if k >= 60 {
+            late_waits += dev.calls().since(&before)[CallKind::StreamWaitEvent];
+        }
+    }
+    let busy = stats(d);
+    assert_eq!(late_waits, 0, "busy streams wait for each other");
+    assert!(
+        u(&busy, "busy_kept_reuses") > 8 * 100,
+        "kept-block reuses: {busy}"
+    );
+    assert!(u(&busy, "cached_bytes") > 0);
+    for &s in &streams {
+        dev.resume_stream(s).unwrap();
+    }
+    genpool_free(w, 64 << 20, d, NULL_STREAM);
+    genpool_reset();
+    let s = stats(d);
+    assert_eq!(
+        (
+            u(&s, "cached_bytes"),
+            u(&s, "allocated_current"),
+            u(&s, "reserved_current")
+        ),
+        (0, 0, 0)
+    );
+}
+
 /// `record_stream:wait`: the free's stream waits on the device for the other stream instead.
 #[test]
 fn record_stream_orders_the_free_after_the_other_stream() {
