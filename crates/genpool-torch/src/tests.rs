@@ -398,7 +398,8 @@ fn record_stream_holds_the_block_until_the_other_streams_work_is_done() {
 /// frees are kept for it (`busy_kept_reuses`) — and `empty_cache` gives every kept block back.
 #[test]
 fn busy_serving_streams_keep_their_own_blocks_through_the_entry_points() {
-    let (dev, d) = sim(12, 8 << 30);
+    // (Slot 40: every test installs its device in a slot no other test uses.)
+    let (dev, d) = sim(40, 8 << 30);
     // The default stream first (weights, say): the serving streams share the arena after it.
     let w = malloc(64 << 20, d, NULL_STREAM);
     assert!(!w.is_null(), "{}", last_error());
