@@ -319,36 +319,35 @@ impl ExtentArena {
         } else if cands.len() <= 1 && blocked.is_none() {
             return core.alloc_stamped(rounded);
         }
-        // (Sized once: a filtered collect grows the vector as it goes.)
-        let mut ranges: Vec<(u64, u64)> = Vec::with_capacity(cands.len());
-        ranges.extend(
+        // The cheapest candidate and its cost; `known`'s cost is `u64::MAX` without asking again (best
+        // fit's, found to wait above). The ranges are sized once: a filtered collect grows the vector.
+        let cheapest = |known: Option<u64>| {
+            let mut ranges: Vec<(u64, u64)> = Vec::with_capacity(cands.len());
+            ranges.extend(
+                cands
+                    .iter()
+                    .filter(|&&o| Some(o) != known)
+                    .map(|&o| (o, rounded)),
+            );
+            let mut asked = self.region.placement_costs(&ranges, stream).into_iter();
             cands
                 .iter()
-                .filter(|&&o| Some(o) != blocked)
-                .map(|&o| (o, rounded)),
-        );
-        let mut pages = self.region.placement_costs(&ranges, stream);
-        if let Some(b) = blocked {
-            // Best fit's cost, known: in its places (ends of one extent may coincide), not asked again.
-            let mut asked = pages.into_iter();
-            pages = cands
-                .iter()
                 .map(|&o| {
-                    if o == b {
+                    // (Ends of one extent may coincide: each place of `known` costs the same.)
+                    let cost = if Some(o) == known {
                         u64::MAX
                     } else {
                         asked.next().unwrap_or(u64::MAX)
-                    }
+                    };
+                    (o, cost)
                 })
-                .collect();
-        }
-        let (mut best, mut cost) = cands.iter().copied().zip(pages).min_by_key(|&(_, p)| p)?;
+                .min_by_key(|&(_, cost)| cost)
+        };
+        let (mut best, mut cost) = cheapest(blocked)?;
         if cost == u64::MAX && self.region.ask_busy_again() {
             // A stream only believed busy (its backoff, counted in questions, not run out) is idle:
             // the candidates again, now, before address space no block used is taken for its sake.
-            let ranges: Vec<(u64, u64)> = cands.iter().map(|&o| (o, rounded)).collect();
-            let pages = self.region.placement_costs(&ranges, stream);
-            (best, cost) = cands.iter().copied().zip(pages).min_by_key(|&(_, p)| p)?;
+            (best, cost) = cheapest(None)?;
         }
         if cost == u64::MAX {
             // Each would wait for a busy stream: bytes no block ever used, if any are left.
