@@ -374,21 +374,19 @@ impl PagePool {
             self.create(g, false, rid, pidx, synced)?
         } else if !create_first {
             // Pages a busy stream freed are passed over where a new page may be made instead.
-            match self.steal(g, rid, pidx, synced, pass)? {
-                Stolen::Page(h) => h,
-                Stolen::None => self.create(g, false, rid, pidx, synced)?,
-                // Before a page is made for the belief, the busy streams are asked again (their
-                // backoff counts questions, not time): one that went idle gives its pages back.
-                Stolen::PassedBusy if self.ask_busy_again_locked(g) => {
-                    match self.steal(g, rid, pidx, synced, pass)? {
-                        Stolen::Page(h) => h,
-                        Stolen::None => self.create(g, false, rid, pidx, synced)?,
-                        Stolen::PassedBusy => self.create(g, true, rid, pidx, synced)?,
-                    }
+            let mut asked = false;
+            loop {
+                match self.steal(g, rid, pidx, synced, pass)? {
+                    Stolen::Page(h) => break h,
+                    Stolen::None => break self.create(g, false, rid, pidx, synced)?,
+                    // Before a page is made for the belief, the busy streams are asked again, once
+                    // (their backoff counts questions, not time): one that went idle gives its pages
+                    // back to a second steal.
+                    Stolen::PassedBusy if !asked && self.ask_busy_again_locked(g) => asked = true,
+                    // A new page instead (as where no page is free); out of device memory, the page
+                    // is stolen after all (and waited for).
+                    Stolen::PassedBusy => break self.create(g, true, rid, pidx, synced)?,
                 }
-                // A new page instead (as where no page is free); out of device memory, the page is
-                // stolen after all (and waited for).
-                Stolen::PassedBusy => self.create(g, true, rid, pidx, synced)?,
             }
         } else {
             self.create(g, true, rid, pidx, synced)?
@@ -560,8 +558,8 @@ impl PagePool {
     /// its own (or left there as an old mapping while warm); `Stolen::None` when no page is free.
     /// Synchronizes the device once per commit at most (`settle`). With `pass` a page whose last
     /// users' stream is known busy (a wait or a question found it so, and its backoff has not run
-    /// out: [`PagePool::learn_idle`]) is left where it is: the committing stream would wait on the device for that stream's work,
-    /// which it never shared. Several serving streams, each busy, then each keep to pages of their own
+    /// out: [`PagePool::learn_idle`]) is left where it is: the committing stream would wait on the
+    /// device for that stream's work, which it never shared. Several serving streams, each busy, then each keep to pages of their own
     /// (new ones, at the memory that costs) instead of running one after another. Where no stream was
     /// ever found busy — every replay — nothing is passed over.
     fn steal(
