@@ -19,8 +19,8 @@
 //! given back past that. Every block goes back to the arena on a trim (`empty_cache`), before sleep, on
 //! the out-of-memory path, and at the first allocation that finds no stream known busy any more — not
 //! before each growth, as the threads' caches (`tcache.rs`) go: while its stream is busy a kept block's
-//! bytes and pages would only be passed over by the others. Nothing is kept during a capture, nor in a replay (no stream
-//! is ever busy there: the golden test is unchanged). A stream destroyed while known busy (a question
+//! bytes and pages would only be passed over by the others. Nothing is kept during a capture, nor in a
+//! replay (no stream is ever busy there: the golden test is unchanged). A stream destroyed while known busy (a question
 //! about it then fails, which counts as busy) keeps its blocks until `empty_cache` or memory runs short —
 //! as PyTorch's per-stream caches keep a destroyed stream's blocks: no allocator hears of a stream's end.
 

@@ -708,6 +708,29 @@ impl Pool {
             && self.pages.known_busy([stream], |_| 1) != 0
     }
 
+    /// Keep the extent block at `ptr` (record `meta`, freed on its own `stream`) for the next
+    /// allocation of its size: in the freeing thread's cache (`to_thread`) or for its busy stream
+    /// (`busykeep.rs`); the blocks that pushes out go back to the arena. Returns the freed block.
+    #[cold]
+    fn keep_freed(&self, to_thread: bool, ptr: u64, meta: &Meta, stream: StreamId) -> LiveBlock {
+        self.plan_free(meta.ticket, None);
+        let block = Kept {
+            ptr,
+            size: meta.size,
+            stream,
+        };
+        let pushed_out = if to_thread {
+            self.tcache.keep(block)
+        } else {
+            self.busy_keep.keep(block)
+        };
+        for k in pushed_out {
+            self.give_back_kept(k);
+        }
+        self.books.sub(Tier::Extent as usize, meta.size);
+        LiveBlock::of(ptr, meta)
+    }
+
     /// Give every block the busy streams keep back to its arena (a trim, sleep, the out-of-memory
     /// path, or no stream busy any more). Not before each growth, as the threads' caches: while its
     /// stream is busy, a kept block's bytes and pages would only be passed over by the others.
@@ -1001,36 +1024,19 @@ impl Pool {
         let stream = stream.unwrap_or(meta.stream);
         self.on_free_stream(stream);
         self.learn(&meta.stamp, size);
-        // Several threads allocating at once: the freeing thread keeps its own-stream large block for
-        // its next allocation of that size (`tcache.rs`). A record names its thread only for an extent
-        // block allocated while the caches were engaged (so in a pool routing by size).
-        if meta.thread != NO_THREAD
-            && !meta.ticket.is_planned()
-            && stream == meta.stream
-            && ThreadCaches::fits(size)
-            && !self.device.captures().active()
-            && self.tcache.mine(meta.thread)
-        {
-            self.plan_free(meta.ticket, None);
-            for k in self.tcache.keep(Kept { ptr, size, stream }) {
-                self.give_back_kept(k);
+        // An own-stream free of an extent block, not a plan's, may be kept for the next allocation of
+        // its size: by the freeing thread, while several threads allocate at once (`tcache.rs`; a record
+        // names its thread only for an extent block allocated while the caches were engaged, so in a
+        // pool routing by size), else for its stream while that stream is known busy and the block is
+        // the shared arena's (`busykeep.rs`), rather than leave bytes the other streams would pass over.
+        if meta.tier == Tier::Extent && !meta.ticket.is_planned() && stream == meta.stream {
+            let to_thread = meta.thread != NO_THREAD
+                && ThreadCaches::fits(size)
+                && !self.device.captures().active()
+                && self.tcache.mine(meta.thread);
+            if to_thread || self.keeps_for_busy(ptr, size, stream) {
+                return Ok(self.keep_freed(to_thread, ptr, &meta, stream));
             }
-            self.books.sub(Tier::Extent as usize, size);
-            return Ok(LiveBlock::of(ptr, &meta));
-        }
-        // A stream known busy keeps its own-stream frees of the shared arena for its next allocations
-        // of their size, rather than leave bytes the other streams would pass over (`busykeep.rs`).
-        if meta.tier == Tier::Extent
-            && !meta.ticket.is_planned()
-            && stream == meta.stream
-            && self.keeps_for_busy(ptr, size, stream)
-        {
-            self.plan_free(meta.ticket, None);
-            for k in self.busy_keep.keep(Kept { ptr, size, stream }) {
-                self.give_back_kept(k);
-            }
-            self.books.sub(Tier::Extent as usize, size);
-            return Ok(LiveBlock::of(ptr, &meta));
         }
         let res = match meta.tier {
             Tier::Extent if meta.ticket.is_planned() => {
